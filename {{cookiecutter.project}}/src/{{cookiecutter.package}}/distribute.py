@@ -1,0 +1,120 @@
+"""Resolves the distribution strategy: the one place that decides where training runs.
+
+`runtime.strategy=auto` picks a TPU if this is a TPU VM (or `runtime.tpu` names a Pod slice),
+else every GPU with MirroredStrategy, else the CPU split into `runtime.cpu_devices` logical
+devices under MirroredStrategy. The last case is not a toy: it runs the same per-replica
+batching, input sharding, metric reduction and steps_per_execution as a TPU, so CPU tests catch
+the bugs that would otherwise first appear on a TPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from .config import RuntimeConfig
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Resolved:
+    strategy: tf.distribute.Strategy
+    kind: str
+    """'tpu', 'gpu' or 'cpu'."""
+    replicas: int
+    hosts: int
+
+    def per_replica_batch_size(self, global_batch_size: int) -> int:
+        """The global batch split across replicas; it must divide evenly."""
+        if global_batch_size % self.replicas:
+            lower = global_batch_size // self.replicas * self.replicas
+            suggestions = " or ".join(str(v) for v in (lower, lower + self.replicas) if v > 0)
+            raise UserError(f"train.global_batch_size={global_batch_size} does not divide across {self.replicas} "
+                            f"replicas; use a multiple of {self.replicas}, e.g. {suggestions}")
+        return global_batch_size // self.replicas
+
+    def describe(self) -> str:
+        return (f"strategy: {type(self.strategy).__name__} on {self.kind.upper()}, "
+                f"{self.replicas} replicas, {self.hosts} host{'s' if self.hosts > 1 else ''}")
+
+
+def tpu_device_files() -> list[str]:
+    """TPU chips of this VM: /dev/accel* (v2-v4, v5p) or /dev/vfio/<n> (v5e, v6e)."""
+    return sorted(glob.glob("/dev/accel*") + [p for p in glob.glob("/dev/vfio/*") if p != "/dev/vfio/vfio"])
+
+
+def on_tpu_vm() -> bool:
+    return bool(tpu_device_files()) or os.environ.get("TPU_VM") == "1"
+
+
+def _tpu(runtime: RuntimeConfig) -> Resolved:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=runtime.tpu)
+        if runtime.tpu not in ("local", ""):
+            tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(
+            f"runtime.strategy=tpu but no TPU could be initialised (runtime.tpu={runtime.tpu!r}: {detail}); "
+            "run on a TPU VM after `make setup`, check runtime.tpu (local, or the Pod slice's name), "
+            "or use runtime.strategy=auto") from None
+    hosts = strategy.extended.num_hosts
+    return Resolved(strategy, "tpu", strategy.num_replicas_in_sync, hosts)
+
+
+def _gpu() -> Resolved:
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        raise UserError("runtime.strategy=gpu but TensorFlow sees no GPU; check the CUDA install "
+                        "(nvidia-smi) or use runtime.strategy=auto")
+    strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+    return Resolved(strategy, "gpu", strategy.num_replicas_in_sync, 1)
+
+
+def split_cpu(devices: int) -> None:
+    """Splits the host CPU into `devices` logical devices; must run before TensorFlow starts."""
+    cpus = tf.config.list_physical_devices("CPU")
+    current = tf.config.get_logical_device_configuration(cpus[0])
+    if current is not None and len(current) == devices:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(devices)])
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        raise UserError(f"runtime.cpu_devices={devices} but TensorFlow already started with {have} CPU "
+                        "devices in this process; resolve the strategy before other TensorFlow work") from None
+
+
+def _cpu(runtime: RuntimeConfig) -> Resolved:
+    split_cpu(runtime.cpu_devices)
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][: runtime.cpu_devices]
+    if len(devices) == 1:
+        strategy = tf.distribute.OneDeviceStrategy(devices[0])
+    else:
+        strategy = tf.distribute.MirroredStrategy(devices)
+    return Resolved(strategy, "cpu", strategy.num_replicas_in_sync, 1)
+
+
+def resolve(runtime: RuntimeConfig) -> Resolved:
+    """The strategy `runtime.strategy` asks for; logs what was found and chosen."""
+    wanted = runtime.strategy
+    if wanted == "auto":
+        if on_tpu_vm() or runtime.tpu not in ("local", ""):
+            wanted = "tpu"
+        elif tf.config.list_physical_devices("GPU"):
+            wanted = "gpu"
+        else:
+            wanted = "cpu"
+        log.info("runtime.strategy=auto: found %s", {"tpu": "a TPU", "gpu": "GPUs", "cpu": "no accelerator"}[wanted])
+    resolved = {"tpu": lambda: _tpu(runtime), "gpu": _gpu, "cpu": lambda: _cpu(runtime)}[wanted]()
+    log.info(resolved.describe())
+    return resolved

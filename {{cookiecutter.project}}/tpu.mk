@@ -1,0 +1,174 @@
+# Cloud TPU VM and Pod slice operations. The Makefile includes this file after project.mk, which
+# holds GCP_PROJECT, ZONE, TPU_TYPE and TPU_NAME. See docs/tpu.md.
+#
+#   make tpu-create [SPOT=1 | PREEMPTIBLE=1] [QUEUED=1]    make tpu-copy tpu-setup
+#   make tpu-ssh [WORKER=n]    make train-bg / make logs (on the VM)    make pod-train / pod-logs
+#   make tpu-stop | tpu-start | tpu-delete | tpu-list | tpu-versions | tpu-info
+#
+# DRY_RUN=1 on any of them prints the exact commands instead of running them.
+
+VENV ?= .venv
+GCLOUD ?= gcloud
+# Prints (DRY_RUN=1) or echoes and runs the command that follows, quoted for a shell.
+RUN = bash scripts/run.sh
+
+# ---- The machine this runs on ---------------------------------------------------------------
+# ON_TPU_VM is 1 on a Cloud TPU VM: TPU device files exist (/dev/accel* on v2-v4, /dev/vfio/<n> on
+# v5e, v5p and v6e). TPU_VM=1 or TPU_VM=0 overrides the detection (scripts/setup.sh reads it too).
+ifneq ($(filter 1 true yes,$(TPU_VM)),)
+ON_TPU_VM := 1
+else ifneq ($(filter 0 false no,$(TPU_VM)),)
+ON_TPU_VM := 0
+else
+ON_TPU_VM := $(if $(wildcard /dev/accel[0-9]* /dev/vfio/[0-9]*),1,0)
+endif
+export TPU_VM := $(ON_TPU_VM)
+
+# libtpu's own logs (compiler, runtime, chip errors) land in TPU_LOG_DIR, one file per process and
+# level (tpu_driver.<host>.<user>.log.INFO.<date>...); TPU_MIN_LOG_LEVEL is the lowest level kept
+# there and TPU_STDERR_LOG_LEVEL the lowest copied to the console (0 INFO, 1 WARNING, 2 ERROR,
+# 3 FATAL). Set TPU_STDERR_LOG_LEVEL=0 to watch a long first compilation. On a Pod slice the
+# workers' TensorFlow servers log through the tpu-runtime service (make pod-logs WORKER=n).
+export TPU_LOG_DIR ?= /tmp/tpu_logs
+export TPU_MIN_LOG_LEVEL ?= 0
+export TPU_STDERR_LOG_LEVEL ?= 2
+export TPU_MAX_LOG_SIZE_MB ?= 1024
+
+# A single TPU VM runs TensorFlow through PJRT with the libtpu that `make setup` installed into the
+# virtual environment (TPU_PJRT=0 falls back to the stream executor). Not on worker 0 of a Pod
+# slice, where TPU_LOAD_LIBRARY=0 leaves the chips to the workers' TensorFlow servers.
+TPU_PJRT ?= 1
+ifeq ($(ON_TPU_VM)$(TPU_PJRT)$(TPU_LOAD_LIBRARY),11)
+LIBTPU_SO = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/libtpu/libtpu.so))
+export NEXT_PLUGGABLE_DEVICE_USE_C_API ?= true
+export TF_PLUGGABLE_DEVICE_LIBRARY_PATH ?= $(LIBTPU_SO)
+endif
+
+# ---- The TPU: type, hosts, software -----------------------------------------------------------
+TF_VERSION := $(shell sed -n -E 's/^tensorflow[[:space:]]*==[[:space:]]*([^[:space:];\#]+).*/\1/p' requirements.txt)
+TPU_GENERATION = $(firstword $(subst -, ,$(TPU_TYPE)))
+TPU_SIZE = $(lastword $(subst -, ,$(TPU_TYPE)))
+# Every generation puts at most 8 TensorCores (v2-v4, v5p: the number counts cores) or 8 chips
+# (v5e, v6e: the number counts chips) on one host: anything bigger is a multi-host Pod slice.
+TPU_POD ?= $(if $(filter 1 2 4 8,$(TPU_SIZE)),0,1)
+
+# The TPU VM software image (gcloud --version / --runtime-version).
+# * Single host: the plain Ubuntu image of each generation, because `make setup` installs
+#   TensorFlow (tensorflow-tpu, libtpu) from requirements.txt into .venv; a tpu-vm-tf-* image
+#   would only add a second, unused TensorFlow. These are the images Google lists for v4 and
+#   older / v5e / v5p / v6e.
+# * Pod slice: tpu-vm-tf-<TF_VERSION>-pod-pjrt. Only the -pod images run the tpu-runtime service,
+#   the TensorFlow server every worker must run for TPUStrategy (see scripts/pod_train.sh), and
+#   its TensorFlow version must equal the one in requirements.txt. `make tpu-versions` lists what
+#   the zone offers; set RUNTIME_VERSION=... if it names the image differently.
+RUNTIME_v2 = tpu-ubuntu2204-base
+RUNTIME_v3 = tpu-ubuntu2204-base
+RUNTIME_v4 = tpu-ubuntu2204-base
+RUNTIME_v5litepod = v2-alpha-tpuv5-lite
+RUNTIME_v5e = v2-alpha-tpuv5-lite
+RUNTIME_v5p = v2-alpha-tpuv5
+RUNTIME_v6e = v2-alpha-tpuv6e
+RUNTIME_VERSION ?= $(if $(filter 1,$(TPU_POD)),tpu-vm-tf-$(TF_VERSION)-pod-pjrt,$(RUNTIME_$(TPU_GENERATION)))
+
+# Checkpoints and TensorBoard logs go to gs://, and a Pod slice's TPUClusterResolver reads the
+# workers' addresses from the Cloud TPU API: the VMs' service account gets the cloud-platform
+# scope (what it may do is still decided by its IAM roles).
+TPU_SCOPES ?= https://www.googleapis.com/auth/cloud-platform
+
+TPU_FLAGS = --project=$(GCP_PROJECT) --zone=$(ZONE)
+CAPACITY_FLAGS = $(if $(filter 1,$(SPOT)),--spot) $(if $(filter 1,$(PREEMPTIBLE)),--preemptible) $(if $(filter 1,$(RESERVED)),--reserved)
+# QUEUED=1: a queued resource waits for capacity instead of failing; QUEUE_FOR=6h gives up after.
+QUEUE_FOR ?=
+QUEUED_FLAGS = --node-id=$(TPU_NAME) $(if $(QUEUE_FOR),--valid-until-duration=$(QUEUE_FOR))
+
+# ---- Code on the workers -----------------------------------------------------------------------
+# The project is copied to ~/$(REMOTE_DIR) on every worker, without the local-only folders.
+REMOTE_DIR ?= {{ cookiecutter.project }}
+COPY_EXCLUDES ?= .venv data runs logs .git .pytest_cache
+COPY_ARCHIVE ?= /tmp/$(TPU_NAME)-code.tar.gz
+WORKER ?= 0
+POD_CONFIG ?= configs/pod.yaml
+
+# ---- Training that survives a lost SSH connection ----------------------------------------------
+TRAIN_SESSION ?= train
+TRAIN_LOG ?= logs/train.log
+
+.PHONY: tpu-create tpu-list tpu-ssh tpu-stop tpu-start tpu-delete tpu-copy tpu-setup tpu-versions \
+	tpu-info tpu-cleanup pod-train pod-logs train-bg logs
+
+tpu-create: ## create the TPU VM or Pod slice TPU_NAME (SPOT=1, PREEMPTIBLE=1, QUEUED=1 [QUEUE_FOR=6h])
+	$(if $(RUNTIME_VERSION),,$(error no runtime image known for TPU_TYPE=$(TPU_TYPE): set RUNTIME_VERSION=...))
+ifeq ($(QUEUED),1)
+	$(if $(filter 1,$(PREEMPTIBLE)),$(error queued resources have no PREEMPTIBLE=1: use SPOT=1))
+	@$(RUN) $(GCLOUD) compute tpus queued-resources create $(TPU_NAME) $(TPU_FLAGS) \
+		--accelerator-type=$(TPU_TYPE) --runtime-version=$(RUNTIME_VERSION) \
+		--scopes=$(TPU_SCOPES) $(QUEUED_FLAGS) $(CAPACITY_FLAGS)
+	@echo "Queued. Watch it: make tpu-list QUEUED=1 (state ACTIVE means the TPU is up)"
+else
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm create $(TPU_NAME) $(TPU_FLAGS) \
+		--accelerator-type=$(TPU_TYPE) --version=$(RUNTIME_VERSION) \
+		--scopes=$(TPU_SCOPES) $(CAPACITY_FLAGS)
+endif
+
+tpu-list: ## list the TPU VMs (QUEUED=1: and the queued resources) of the zone
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm list $(TPU_FLAGS)
+ifeq ($(QUEUED),1)
+	@$(RUN) $(GCLOUD) compute tpus queued-resources list $(TPU_FLAGS)
+endif
+
+tpu-versions: ## list the TPU software images (RUNTIME_VERSION) the zone offers
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm versions list $(TPU_FLAGS)
+
+tpu-info: ## show the TPU settings: type, hosts, runtime image, whether this machine is a TPU VM
+	@echo "GCP_PROJECT=$(GCP_PROJECT) ZONE=$(ZONE) TPU_NAME=$(TPU_NAME) TPU_TYPE=$(TPU_TYPE)"
+	@echo "TPU_POD=$(TPU_POD) RUNTIME_VERSION=$(RUNTIME_VERSION) TF_VERSION=$(TF_VERSION)"
+	@echo "ON_TPU_VM=$(ON_TPU_VM) TPU_LOG_DIR=$(TPU_LOG_DIR) TPU_STDERR_LOG_LEVEL=$(TPU_STDERR_LOG_LEVEL)"
+
+tpu-ssh: ## open a shell on the TPU VM (WORKER=n for another worker of a Pod slice)
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER)
+
+tpu-stop: ## stop the TPU VM without deleting it (tpu-start brings it back; preemptible ones cannot)
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm stop $(TPU_NAME) $(TPU_FLAGS)
+
+tpu-start: ## start the stopped TPU VM again
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm start $(TPU_NAME) $(TPU_FLAGS)
+
+tpu-delete: ## delete the TPU VM or slice (QUEUED=1: the queued resource too; YES=1 skips the prompt)
+ifeq ($(QUEUED),1)
+	@$(RUN) $(GCLOUD) compute tpus queued-resources delete $(TPU_NAME) $(TPU_FLAGS) --force $(if $(filter 1,$(YES)),--quiet)
+else
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm delete $(TPU_NAME) $(TPU_FLAGS) $(if $(filter 1,$(YES)),--quiet)
+endif
+
+tpu-copy: ## copy the project to every worker (~/REMOTE_DIR), without .venv, data, runs and logs
+	@$(RUN) tar -czf $(COPY_ARCHIVE) $(addprefix --exclude=./,$(COPY_EXCLUDES)) --exclude=__pycache__ .
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm scp $(COPY_ARCHIVE) $(TPU_NAME):$(COPY_ARCHIVE) $(TPU_FLAGS) --worker=all
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
+		--command='mkdir -p $(REMOTE_DIR) && tar -xzf $(COPY_ARCHIVE) -C $(REMOTE_DIR) && rm -f $(COPY_ARCHIVE)'
+	@$(RUN) rm -f $(COPY_ARCHIVE)
+
+tpu-setup: ## run `make setup` on every worker (installs make/tmux first if the image lacks them)
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
+		--command='cd $(REMOTE_DIR) && { command -v make >/dev/null && command -v tmux >/dev/null || { sudo apt-get update -q && sudo apt-get install -y -q make tmux; }; } && make setup'
+
+tpu-cleanup: ## on a TPU VM: kill processes holding the chips, remove the stale libtpu lock file
+	@bash scripts/tpu_cleanup.sh
+
+pod-train: ## start training on a Pod slice: clean every worker, then train from worker 0 (logs/pod/)
+	$(if $(filter 1,$(TPU_POD)),,$(error TPU_TYPE=$(TPU_TYPE) is a single host: run `make train-bg` on the VM instead))
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
+		--command='cd $(REMOTE_DIR) && bash scripts/tpu_cleanup.sh --restart-runtime'
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
+		--command='$(strip cd $(REMOTE_DIR) && bash scripts/pod_train.sh $(TPU_NAME) $(POD_CONFIG) $(ARGS))'
+	@echo "Training runs on worker 0. Follow it: make pod-logs (WORKER=n for the other workers' servers)"
+
+pod-logs: ## follow the log of a Pod slice worker over SSH (WORKER=0: the training itself)
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER) \
+		--command='tail -n 200 -F $(REMOTE_DIR)/logs/pod/worker-$(WORKER).log'
+
+train-bg: ## on the TPU VM: run `make train` in tmux, safe from SSH drops (log: logs/train.log)
+	@bash scripts/tmux_run.sh $(TRAIN_SESSION) $(TRAIN_LOG) -- \
+		make train $(if $(CONFIG),CONFIG=$(CONFIG)) $(if $(ARGS),ARGS='$(ARGS)')
+
+logs: ## follow the log of `make train-bg` (Ctrl-C stops following, not training)
+	@$(RUN) tail -n 200 -F $(TRAIN_LOG)
