@@ -143,6 +143,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     kind = expected[annotation]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-3 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if kind is str and value is None:
         return ""
     if kind is int and isinstance(value, bool):

@@ -60,8 +60,9 @@ def _tpu(runtime: RuntimeConfig) -> Resolved:
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    except (ValueError, RuntimeError, OSError, tf.errors.OpError) as error:
+        # OSError: a named TPU is looked up through the GCE metadata server, absent off Google Cloud.
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0][:160]
         raise UserError(
             f"runtime.strategy=tpu but no TPU could be initialised (runtime.tpu={runtime.tpu!r}: {detail}); "
             "run on a TPU VM after `make setup`, check runtime.tpu (local, or the Pod slice's name), "

@@ -6,8 +6,9 @@
 
 Input: RAW/<label>/<name>.(png|jpg|jpeg). Labels are the sorted folder names. Each image is
 decoded, converted to RGB, resized to `data.image_size` and written as raw pixels (features.py).
-A file with an image extension that does not decode is rejected with its path and reason into
-rejected.jsonl and counted in the manifest; other files are ignored.
+A file with an image extension that does not decode (empty, truncated, not an image, corrupt) is
+rejected with its path and reason into rejected.jsonl and counted by reason in the manifest and in
+the Beam metrics; other files are ignored (and counted). A bad file never fails the job.
 
 Guarantees:
 - Deterministic: the split and the shard of an example come from a stable hash of its relative
@@ -18,7 +19,11 @@ Guarantees:
 
 The per-image work runs on batches of files (one Beam element per batch) and each batch is
 grouped by shard before the single shuffle that sharded writing needs: per-element overhead is
-what makes a naive Beam job slow on small images.
+what makes a naive Beam job slow on small images (`make bench-preprocess` measures it).
+
+Without --runner the job runs in-process on the FnApiRunner. `--dry_run=True` with the
+DataflowRunner builds the Dataflow job (and stages nothing), prints its options and steps, and
+submits nothing: `make preprocess RUNNER=dataflow DRY_RUN=1`.
 """
 
 from __future__ import annotations
@@ -57,6 +62,13 @@ MIN_SHARD_BYTES = 10 * 2**20  # below this, per-file overhead dominates
 SHARDS_PER_HOST = 10  # enough files for every host to interleave several at once
 RECORD_OVERHEAD_BYTES = 64  # Example proto and TFRecord framing around the pixels
 NAMESPACE = "preprocess"
+# Why a file was rejected: the code counted in the metrics and the manifest, and its meaning.
+REJECT_REASONS = {
+    "empty": "empty file",
+    "truncated": "truncated: the file ends before the image data does",
+    "not_an_image": "not an image: no known image format (wrong extension or another kind of file)",
+    "corrupt": "corrupt image data",
+}
 
 
 # ----------------------------------------------------------------------------- stable hashing
@@ -113,14 +125,23 @@ def list_images(input_root: str) -> tuple[list[str], list[str], int]:
 
 # ----------------------------------------------------------------------------- per-image work
 
+class EmptyFileError(ValueError):
+    pass
+
+
 def load_image(data: bytes, image_size: int) -> np.ndarray:
-    """Decodes any PIL-readable image to uint8 RGB [image_size, image_size, 3]."""
-    from PIL import Image
+    """Decodes any PIL-readable image to uint8 RGB [image_size, image_size, 3]; raises on a file
+    that is empty, truncated or not a decodable image."""
+    from PIL import Image, ImageFile
 
     if not data:
-        raise ValueError("empty file")
+        raise EmptyFileError("empty file")
+    # With this True, PIL fills the missing part of a truncated image with grey instead of raising:
+    # a half-written upload would become a training example. It is False by default; another
+    # library in the same worker process may have set it, so it is forced here.
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
     with Image.open(io.BytesIO(data)) as image:
-        image.load()
+        image.load()  # decodes every pixel now: raises OSError on truncated data
         if image.mode in ("P", "LA") or (image.mode == "RGBA"):
             image = image.convert("RGBA")
             # Transparent pixels become black, as on a TPU there is no alpha channel to carry.
@@ -130,15 +151,18 @@ def load_image(data: bytes, image_size: int) -> np.ndarray:
         return np.asarray(image, dtype=np.uint8)
 
 
-def reject_reason(error: Exception) -> tuple[str, str]:
-    """(counter name, human reason) for a file that does not decode."""
+def reject_reason(error: Exception) -> str:
+    """The REJECT_REASONS code for an error of `load_image`."""
     from PIL import UnidentifiedImageError
 
-    if str(error) == "empty file":
-        return "empty", "empty file"
+    if isinstance(error, EmptyFileError):
+        return "empty"
     if isinstance(error, UnidentifiedImageError):
-        return "not_an_image", "not a decodable image (unknown or corrupt format)"
-    return "corrupt", f"cannot decode: {error}"
+        return "not_an_image"
+    # PIL: "image file is truncated (N bytes not processed)", "Truncated File Read".
+    if "truncated" in str(error).lower():
+        return "truncated"
+    return "corrupt"
 
 
 class EncodeFiles(beam.DoFn):
@@ -164,9 +188,11 @@ class EncodeFiles(beam.DoFn):
             try:
                 pixels = load_image(data, self.image_size)
             except Exception as error:  # a bad file must never fail the job
-                counter, reason = reject_reason(error)
-                Metrics.counter(NAMESPACE, f"rejected_{counter}").inc()
-                yield beam.pvalue.TaggedOutput("rejected", {"source": path, "reason": reason})
+                reason = reject_reason(error)
+                Metrics.counter(NAMESPACE, f"rejected_{reason}").inc()
+                yield beam.pvalue.TaggedOutput("rejected", {
+                    "source": path, "reason": reason,
+                    "detail": f"{REJECT_REASONS[reason]} ({type(error).__name__}: {error})"})
                 continue
             record = features.encode(pixels, self.label_index[relative.split("/", 1)[0]])
             split = split_of(relative, self.eval_fraction)
@@ -253,7 +279,7 @@ def finalize(_, shards: list, rejected: list, output: str, temp_dir: str, labels
         handle.write("".join(json.dumps(r) + "\n" for r in rejected).encode("utf-8"))
     by_reason = defaultdict(int)
     for record in rejected:
-        by_reason[record["reason"].split(":")[0]] += 1
+        by_reason[record["reason"]] += 1
 
     manifest = {
         "source": input_root,
@@ -264,7 +290,7 @@ def finalize(_, shards: list, rejected: list, output: str, temp_dir: str, labels
         "num_classes": len(labels),
         "eval_fraction": eval_fraction,
         "compression": compression,
-        "rejected": {"count": len(rejected), "by_reason": dict(by_reason), "file": REJECTED},
+        "rejected": {"count": len(rejected), "by_reason": dict(sorted(by_reason.items())), "file": REJECTED},
         "ignored_files": ignored,
     }
     with FileSystems.create(join(output, MANIFEST), mime_type="application/json") as handle:

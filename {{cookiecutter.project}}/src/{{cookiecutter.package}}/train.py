@@ -125,10 +125,10 @@ class TrainingMonitor(keras.callbacks.Callback):
         return steps * self.cfg.train.global_batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
 
-def choose_steps_per_execution(cfg: config_lib.Config, resolved: distribute.Resolved, manifest: dict) -> int:
-    """`train.steps_per_execution`, measured when it is `auto`."""
+def choose_steps_per_execution(cfg: config_lib.Config, resolved: distribute.Resolved, manifest: dict):
+    """(`train.steps_per_execution`, the measurements): measured when it is `auto`."""
     if cfg.train.steps_per_execution != "auto":
-        return int(cfg.train.steps_per_execution)
+        return int(cfg.train.steps_per_execution), []
     limit = max(1, min(cfg.train.log_every, cfg.train.checkpoint_every, cfg.train.total_steps))
 
     def build():
@@ -146,13 +146,12 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: distribute.Reso
     for m in measurements:
         mark = "  <- chosen" if m is chosen else ""
         print(f"  steps_per_execution {m.steps_per_execution:4d}: {m.steps_per_second:8.2f} steps/s{mark}", flush=True)
-    return chosen.steps_per_execution
+    return chosen.steps_per_execution, measurements
 
 
 def train(cfg: config_lib.Config) -> dict:
     """Runs (or resumes) training and the final evaluation; returns the metrics."""
     resolved = distribute.resolve(cfg.runtime)
-    print(resolved.describe(), flush=True)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
     per_replica = resolved.per_replica_batch_size(cfg.train.global_batch_size)
     set_precision(cfg.runtime.mixed_precision)
@@ -167,7 +166,7 @@ def train(cfg: config_lib.Config) -> dict:
           f"{peak:g} (= {cfg.train.base_learning_rate:g} x {cfg.train.global_batch_size}/{cfg.train.base_batch_size}),"
           f" warm-up {cfg.train.warmup_steps} steps; precision {cfg.runtime.mixed_precision}", flush=True)
 
-    cfg.train.steps_per_execution = choose_steps_per_execution(cfg, resolved, manifest)
+    cfg.train.steps_per_execution, _ = choose_steps_per_execution(cfg, resolved, manifest)
     with tf.io.gfile.GFile(run_path(output_dir, "config.yaml"), "w") as handle:
         handle.write(config_lib.dump(cfg))
 
@@ -249,8 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.total_steps=100")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, args.overrides)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("{{ cookiecutter.package }}").setLevel(logging.INFO)
     train(cfg)
     return 0
 

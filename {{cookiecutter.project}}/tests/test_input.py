@@ -1,0 +1,96 @@
+"""The tf.data input: static shapes, per-host sharding that reads every record exactly once, and an
+evaluation pass that counts each example once while keeping every batch the same shape."""
+
+import collections
+import hashlib
+import json
+
+import pytest
+import tensorflow as tf
+
+from {{ cookiecutter.package }} import config, distribute, input_pipeline
+from {{ cookiecutter.package }}.errors import UserError
+
+
+def load_manifest(data_dir):
+    return json.loads((data_dir / "manifest.json").read_text())
+
+
+def test_training_batches_have_static_shapes(data_dir):
+    manifest = load_manifest(data_dir)
+    files, counts = input_pipeline.split_files(str(data_dir), manifest, "train")
+    dataset = input_pipeline.make_dataset(files, counts, 16, 12, training=True)
+    images, labels = dataset.element_spec
+    assert images.shape == (12, 16, 16, 3) and images.dtype == tf.uint8
+    assert labels.shape == (12,)
+    first = next(iter(dataset))
+    assert first[0].shape == (12, 16, 16, 3)
+
+
+def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per_pipeline=1):
+    """Simulates `num_pipelines` hosts reading the eval split; returns per-host real examples and batch counts."""
+    files, counts = input_pipeline.split_files(str(data_dir), manifest, "eval")
+    global_batch = per_replica_batch * replicas_per_pipeline * num_pipelines
+    examples, batches = [], []
+    for pipeline_id in range(num_pipelines):
+        dataset = input_pipeline.make_dataset(
+            files, counts, 16, per_replica_batch, training=False, pipeline_id=pipeline_id,
+            num_pipelines=num_pipelines, replicas_per_pipeline=replicas_per_pipeline, global_batch_size=global_batch)
+        batches.append(0)
+        for images, labels, weights in dataset:
+            assert images.shape[0] == per_replica_batch  # static, also in the padded tail
+            batches[-1] += 1
+            for image, label, weight in zip(images.numpy(), labels.numpy(), weights.numpy()):
+                if weight:
+                    examples.append((hashlib.sha1(image.tobytes()).hexdigest(), int(label)))
+    return collections.Counter(examples), batches
+
+
+@pytest.mark.parametrize("num_pipelines", [2, 3, 4, 6])  # 4 shards: 6 hosts use the record-level fallback
+def test_every_record_is_read_exactly_once_across_hosts(data_dir, num_pipelines, caplog):
+    manifest = load_manifest(data_dir)
+    reference, _ = read_pass(data_dir, manifest, 1, 4)
+    assert sum(reference.values()) == manifest["splits"]["eval"]["num_examples"]
+    combined, batches = read_pass(data_dir, manifest, num_pipelines, 4, replicas_per_pipeline=2)
+    assert combined == reference  # same multiset: nothing lost, nothing read twice
+    assert len(set(batches)) == 1  # every host runs the same number of steps
+    if num_pipelines > 4:
+        assert "every host reads all files" in caplog.text
+
+
+def test_distributed_batches_are_per_replica(data_dir):
+    manifest = load_manifest(data_dir)
+    resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime)
+    assert resolved.replicas == 8
+    dataset, steps = input_pipeline.distributed_dataset(resolved.strategy, str(data_dir), manifest, "eval", 32,
+                                                        training=False)
+    images, labels, weights = next(iter(dataset))
+    per_replica = resolved.strategy.experimental_local_results(images)
+    assert len(per_replica) == 8 and all(t.shape == (4, 16, 16, 3) for t in per_replica)
+    assert steps == -(-manifest["splits"]["eval"]["num_examples"] // 32)
+
+
+def test_batch_that_does_not_divide_is_refused():
+    resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime)
+    with pytest.raises(UserError, match="train.global_batch_size=100 does not divide across 8 replicas; "
+                                        "use a multiple of 8, e.g. 96 or 104"):
+        resolved.per_replica_batch_size(100)
+
+
+def test_manifest_problems_are_one_clear_error(data_dir, tmp_path):
+    with pytest.raises(UserError, match="no manifest.json in .*run `make preprocess`"):
+        input_pipeline.read_manifest(str(tmp_path))
+    with pytest.raises(UserError, match="data.image_size=32 but the shards .* hold 16x16 images"):
+        input_pipeline.read_manifest(str(data_dir), 32)
+    manifest = load_manifest(data_dir)
+    for index, (change, message) in enumerate([({"feature_spec": {"image": {"dtype": "float32"}}}, "feature spec .* differs"),
+                            ({"splits": {"train": {"num_examples": 0}, "eval": manifest["splits"]["eval"]}},
+                             "lists no train examples")]):
+        broken = tmp_path / f"broken{index}"
+        broken.mkdir()
+        (broken / "manifest.json").write_text(json.dumps({**manifest, **change}))
+        with pytest.raises(UserError, match=message):
+            input_pipeline.read_manifest(str(broken))
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(UserError, match="is not valid JSON"):
+        input_pipeline.read_manifest(str(tmp_path))
