@@ -1,5 +1,5 @@
 # Cloud TPU VM and Pod slice operations. The Makefile includes this file after project.mk, which
-# holds GCP_PROJECT, ZONE, TPU_TYPE and TPU_NAME. See docs/tpu.md.
+# holds GCP_PROJECT, ZONE, TPU_TYPE and TPU_NAME. See README.md, "Run on a TPU VM".
 #
 #   make tpu-create [SPOT=1 | PREEMPTIBLE=1] [QUEUED=1]    make tpu-copy tpu-setup
 #   make tpu-ssh [WORKER=n]    make train-bg / make logs (on the VM)    make pod-train / pod-logs

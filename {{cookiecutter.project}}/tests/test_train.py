@@ -17,8 +17,16 @@ import pytest
 import tensorflow as tf
 
 from conftest import PROJECT, tiny_config
-from {{ cookiecutter.package }} import config, distribute, steps_per_execution, train
+from {{ cookiecutter.package }} import capture_profile, config, distribute, steps_per_execution, train
 from {{ cookiecutter.package }}.errors import UserError
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def scalar_events(log_dir: Path) -> dict:
@@ -131,17 +139,22 @@ def test_strategy_resolution_on_this_machine():
 
 
 def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path):
-    """A preempted run (SIGTERM) checkpoints and exits; the same command then finishes the run."""
+    """A preempted run (SIGTERM) checkpoints and exits; the same command then finishes the run.
+    While it trains, a profile is captured on demand through its profiler port."""
+    port = free_port()
     command = [sys.executable, "-m", "{{ cookiecutter.package }}.train", "--config", str(PROJECT / "configs/local.yaml"),
                f"data.dir={data_dir}", "data.image_size=16", f"runtime.output_dir={tmp_path}", "model.widths=[8,16]",
-               "train.global_batch_size=32", "train.total_steps=120", "train.warmup_steps=4",
-               "train.steps_per_execution=2", "train.checkpoint_every=1000", "train.log_every=10"]
+               "train.global_batch_size=32", "train.total_steps=200", "train.warmup_steps=4",
+               "train.steps_per_execution=2", "train.checkpoint_every=1000", "train.log_every=10",
+               f"runtime.profiler_port={port}"]
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output = []
     for line in process.stdout:  # wait until training is under way
         output.append(line)
         if line.startswith("step "):
+            # On-demand profiling of the running job, as `make profile` does it.
+            assert capture_profile.main(["--port", str(port), "--duration_ms", "500", "--logdir", str(tmp_path / "logs")]) == 0
             process.send_signal(signal.SIGTERM)
             break
     output += process.stdout.readlines()
@@ -149,9 +162,10 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
     text = "".join(output)
     assert "preempted (SIGTERM) at step" in text and "Traceback" not in text
     saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
-    assert 0 < saved < 120
+    assert 0 < saved < 200
+    assert list((tmp_path / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
     resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from step {saved}" in resumed.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 120
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 200

@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import math
+import re
 import struct
 import sys
 import time
@@ -46,7 +47,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from . import config as config_lib
 from . import features, topology
@@ -165,6 +166,15 @@ def reject_reason(error: Exception) -> str:
     return "corrupt"
 
 
+def reject_detail(reason: str, error: Exception) -> str:
+    """REJECT_REASONS[reason] and the decoder's message, without object addresses, so that
+    rejected.jsonl is as deterministic as the shards."""
+    if reason == "empty":
+        return REJECT_REASONS[reason]
+    message = re.sub(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>", "", str(error))
+    return f"{REJECT_REASONS[reason]} ({type(error).__name__}: {message})"
+
+
 class EncodeFiles(beam.DoFn):
     """Reads, decodes and encodes a batch of files; emits ((split, shard), [(path, record)])."""
 
@@ -191,8 +201,7 @@ class EncodeFiles(beam.DoFn):
                 reason = reject_reason(error)
                 Metrics.counter(NAMESPACE, f"rejected_{reason}").inc()
                 yield beam.pvalue.TaggedOutput("rejected", {
-                    "source": path, "reason": reason,
-                    "detail": f"{REJECT_REASONS[reason]} ({type(error).__name__}: {error})"})
+                    "source": path, "reason": reason, "detail": reject_detail(reason, error)})
                 continue
             record = features.encode(pixels, self.label_index[relative.split("/", 1)[0]])
             split = split_of(relative, self.eval_fraction)
@@ -341,6 +350,44 @@ def print_metrics(result) -> dict:
     return counters
 
 
+def print_dry_run(pipeline: beam.Pipeline, options: PipelineOptions, result) -> None:
+    """What `--dry_run=True` would have submitted: the options, the job and its steps."""
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    print(f"dry run: the job was built{' and validated' if result is not None else ''}; nothing was "
+          f"submitted or run. Pipeline options:")
+    for name, value in sorted(options.get_all_options(drop_default=True).items()):
+        print(f"  --{name}={value}")
+    steps = [part.full_label for part in pipeline.transforms_stack[0].parts]
+    print(f"steps: {' -> '.join(steps)}")
+    job = getattr(result, "job", None)
+    if job is not None:  # DataflowRunner: the apiclient.Job and the portable pipeline it carries
+        print(f"job: {job.proto.name}, {len(str(job))} bytes of job JSON before submission")
+    proto = getattr(pipeline.runner, "proto_pipeline", None) if result is not None else None
+    if proto is not None:
+        print(f"pipeline proto: {len(proto.components.transforms)} transforms, "
+              f"{len(proto.SerializeToString())} bytes")
+        for environment in proto.components.environments.values():
+            if environment.urn == "beam:env:docker:v1":
+                image = beam_runner_api_pb2.DockerPayload.FromString(environment.payload).container_image
+                print(f"worker image: {image}")
+            staged = [beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(a.role_payload).staged_name
+                      for a in environment.dependencies if a.role_payload]
+            if staged:
+                print(f"staged for the workers: {', '.join(staged)}")
+
+
+def check_dataflow_paths(options: PipelineOptions, *paths: str) -> None:
+    """Dataflow workers cannot see this machine's disk: refuse local paths before staging anything."""
+    runner = options.view_as(StandardOptions).runner or ""
+    if "dataflow" in runner.lower():
+        local = [path for path in paths if not path.startswith("gs://")]
+        if local:
+            raise UserError(f"with the DataflowRunner, --input and --output must be gs:// paths, got "
+                            f"{', '.join(local)}; upload the images (gcloud storage cp -r) and set "
+                            f"RAW=gs://... DATA_DIR=gs://...")
+
+
 def parse_args(argv: Sequence[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Other arguments are passed to Beam as pipeline options.")
@@ -363,8 +410,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     eval_fraction = args.eval_fraction if args.eval_fraction is not None else data.eval_fraction
     if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num_shards must be at least 1, got {args.num_shards}")
+    if not any(arg == "--runner" or arg.startswith("--runner=") for arg in beam_args):
+        # Beam's default, the DirectRunner, may hand the job to the Prism runner, which downloads
+        # a binary from GitHub on first use: that fails offline and on locked-down TPU VMs. The
+        # FnApiRunner runs in this process with nothing to download.
+        beam_args = [*beam_args, "--runner=FnApiRunner"]
     options = PipelineOptions(beam_args)
-    dry_run = options.get_all_options().get("dry_run")
+    check_dataflow_paths(options, args.input, args.output)
+    # Beam parses --dry_run as a string: "False" must not count.
+    dry_run = str(options.get_all_options().get("dry_run")).lower() in ("true", "1", "yes")
+    on_dataflow = "dataflow" in (options.view_as(StandardOptions).runner or "").lower()
 
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
@@ -373,9 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{plan['files']} image files in {len(plan['labels'])} classes ({plan['ignored']} other files ignored); "
           f"by path hash: train {plan['expected']['train']}, eval {plan['expected']['eval']}; "
           f"shards {plan['num_shards']}; image size {image_size}", flush=True)
+    if dry_run and not on_dataflow:  # only the DataflowRunner knows --dry_run; the others would run
+        print_dry_run(pipeline, options, None)
+        return 0
     result = pipeline.run()
     if dry_run:
-        print("dry run: the job was built and validated, not submitted")
+        print_dry_run(pipeline, options, result)
         return 0
     result.wait_until_finish()
     elapsed = time.perf_counter() - started
@@ -386,7 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_split = ", ".join(f"{name} {split['num_examples']}" for name, split in manifest["splits"].items())
     print(f"wrote {total} examples ({per_split}) "
           f"to {args.output} in {elapsed:.1f}s ({counters.get('read', 0) / elapsed:.0f} files/s); "
-          f"rejected {manifest['rejected']['count']} (listed in {REJECTED})")
+          f"rejected {manifest['rejected']['count']} {manifest['rejected']['by_reason'] or ''} "
+          f"(listed in {REJECTED}); ignored {manifest['ignored_files']} non-image files")
     return 0
 
 

@@ -1,0 +1,36 @@
+"""Bakes projects from this template (every option) for the tests; one shared virtualenv runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONS = json.loads((ROOT / "cookiecutter.json").read_text())
+TPU_TYPES = OPTIONS["tpu_type"]
+TASKS = OPTIONS["task"]
+VENV = Path(sys.prefix)  # the template's .venv, shared with every baked project
+
+
+def bake(output_dir: Path, **answers) -> Path:
+    """Generates a project without prompts; returns its directory."""
+    return Path(cookiecutter(str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers))
+
+
+def project_env() -> dict:
+    """Environment for running a baked project's make targets with the shared virtualenv."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MAKEFLAGS", "MFLAGS")}
+    env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env['PATH']}"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+@pytest.fixture(scope="session")
+def default_project(tmp_path_factory) -> Path:
+    return bake(tmp_path_factory.mktemp("default"), gcp_project="acme-ml-research", zone="us-central2-b",
+                gcs_bucket="acme-tpu-data")

@@ -1,0 +1,45 @@
+"""steps_per_execution: steps/s of each candidate on the real model, strategy and input, and the
+value `train.steps_per_execution: auto` picks (the smallest within 5% of the fastest).
+
+    make bench-spe        # python -m {{ cookiecutter.package }}.bench_spe --config configs/local.yaml
+
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from . import config as config_lib
+from . import distribute, input_pipeline
+from .errors import run_cli
+from .model import set_precision
+from .train import choose_steps_per_execution
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    cfg = config_lib.load(args.config, [*args.overrides, "train.steps_per_execution=auto"])
+    resolved = distribute.resolve(cfg.runtime)
+    print(resolved.describe(), flush=True)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
+    resolved.per_replica_batch_size(cfg.train.global_batch_size)
+    set_precision(cfg.runtime.mixed_precision)
+    chosen, measurements = choose_steps_per_execution(cfg, resolved, manifest)
+    rate = {m.steps_per_execution: m.steps_per_second for m in measurements}
+    best = max(rate.values())
+    print(f"chosen {chosen}: {rate[chosen] / best:.2f}x the fastest, {rate[chosen] / rate[1]:.2f}x steps_per_execution=1")
+    print(json.dumps({"chosen": chosen, "chosen_steps_per_s": round(rate[chosen], 2), "best_steps_per_s": round(best, 2),
+                      "spe1_steps_per_s": round(rate[1], 2),
+                      "candidates": {str(k): round(v, 2) for k, v in rate.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main, sys.argv[1:])
