@@ -25,6 +25,8 @@ def check(data_dir, *overrides: str, config_file: str = "local.yaml", tmp_path=N
     if output_dir or tmp_path:
         base.append(f"runtime.output_dir={output_dir or tmp_path / 'run'}")
     cfg = config.load(str(CONFIGS / config_file), [*base, *overrides])
+    if tpu_type and target == "auto":
+        target = "tpu"
     found = doctor.resolve_target(cfg, target=target, tpu_type=tpu_type, on_tpu_vm=on_tpu_vm)
     results = doctor.run_rules(doctor.Context(cfg, found, on_tpu_vm=on_tpu_vm))
     return {result.rule: result for result in results}
@@ -76,7 +78,7 @@ def test_a_bad_config_key_is_one_line(capsys):
 
 def test_a_bad_tpu_type_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        doctor.run_cli(doctor.main, ["--config", str(CONFIGS / "local.yaml"), "--tpu_type", "v9-8"])
+        doctor.run_cli(doctor.main, ["--config", str(CONFIGS / "local.yaml"), "--target", "tpu", "--tpu_type", "v9-8"])
     assert exit_info.value.code == 2
     assert "unknown TPU type 'v9-8'" in capsys.readouterr().err
 
@@ -124,8 +126,9 @@ def test_target_follows_the_strategy_and_the_machine():
     default = topology.topology(topology.DEFAULT_TPU_TYPE)
     on_vm = doctor.resolve_target(cfg, on_tpu_vm=True)
     assert (on_vm.kind, on_vm.replicas, on_vm.hosts) == ("tpu", default.replicas, default.hosts)
-    pod = doctor.resolve_target(cfg, tpu_type="v4-32")
+    pod = doctor.resolve_target(cfg, target="tpu", tpu_type="v4-32")
     assert (pod.kind, pod.replicas, pod.hosts) == ("tpu", 16, 4)
+    assert doctor.resolve_target(cfg, tpu_type="v4-32").kind == "cpu"  # the type alone does not make a TPU target
     forced = config.load(str(CONFIGS / "local.yaml"), ["runtime.strategy=tpu"])
     assert doctor.resolve_target(forced).kind == "tpu"
     cpu = config.load(str(CONFIGS / "local.yaml"), ["runtime.strategy=cpu"])
@@ -287,7 +290,7 @@ def test_few_small_shards_warn(data_dir, tmp_path):
 
 def _context_with_shards(files: int, shard_mb: float, tpu_type: str = "v4-32") -> doctor.Context:
     cfg = config.load(str(CONFIGS / "local.yaml"), ["data.dir=gs://bucket/data"])
-    context = doctor.Context(cfg, doctor.resolve_target(cfg, tpu_type=tpu_type))
+    context = doctor.Context(cfg, doctor.resolve_target(cfg, target="tpu", tpu_type=tpu_type))
     split = {"files": [f"train-{i}" for i in range(files)], "bytes": int(files * shard_mb * 2**20)}
     context.__dict__["manifest_or_error"] = ({"splits": {"train": split, "eval": split}}, "", "")
     return context
@@ -311,7 +314,7 @@ def test_local_data_on_a_multi_host_slice_fails(data_dir, tmp_path):
     assert "for 4 reading hosts" in results["data.shard_count"].message
     assert check(data_dir, tmp_path=tmp_path, tpu_type="v4-8")["data.location"].status == doctor.PASS
     remote = config.load(str(CONFIGS / "local.yaml"), ["data.dir=gs://bucket/data"])
-    context = doctor.Context(remote, doctor.resolve_target(remote, tpu_type="v4-32"))
+    context = doctor.Context(remote, doctor.resolve_target(remote, target="tpu", tpu_type="v4-32"))
     assert doctor.data_location(context).status == doctor.PASS
 
 

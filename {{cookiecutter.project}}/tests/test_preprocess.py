@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -242,15 +243,19 @@ def test_dataflow_dry_run_builds_the_job_offline(gcs_bucket, gcs_raw, capsys):
     assert not gcs_bucket.blocked_requests()
 
 
-def test_dataflow_dry_run_stages_the_project_from_pyproject(gcs_bucket, gcs_raw, capsys):
+def test_dataflow_dry_run_stages_the_project_from_pyproject(gcs_bucket, gcs_raw, tmp_path, capsys):
     """--setup_file=pyproject.toml (as `make preprocess RUNNER=dataflow` passes it): Beam builds the
     sdist with `python -m build --no-isolation`, which needs `build` and setuptools>=69 here."""
     pytest.importorskip("build")
-    setuptools = tuple(int(p) for p in importlib.metadata.version("setuptools").split(".")[:1])
-    if importlib.util.find_spec("setuptools") is None or setuptools < (69,):
+    if importlib.util.find_spec("setuptools") is None or \
+            int(importlib.metadata.version("setuptools").split(".")[0]) < 69:
         pytest.skip("setuptools>=69 (pyproject.toml's build requirement) is not installed")
+    # A copy: the build writes src/*.egg-info next to the sources.
+    for name in ("pyproject.toml", "requirements.txt", "requirements-dev.txt"):
+        shutil.copy(PROJECT / name, tmp_path / name)
+    shutil.copytree(PROJECT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     args = dataflow_args(gcs_bucket, gcs_raw, gcs_bucket.path("dataflow-out"),
-                         f"--setup_file={PROJECT / 'pyproject.toml'}")
+                         f"--setup_file={tmp_path / 'pyproject.toml'}")
     assert preprocess.main(args) == 0
     assert "workflow.tar.gz" in capsys.readouterr().out
 

@@ -11,8 +11,8 @@ and the TPU VM rules read device files, /proc and package metadata.
 
 The replicas that the batch rules check against: the TPU topology of `--tpu_type` (default: the
 type this project was generated for) when the config targets a TPU (`runtime.strategy=tpu`;
-`auto` on a TPU VM or with a Pod slice in `runtime.tpu`; or `--target tpu` / `--tpu_type` given
-on the command line), else `runtime.cpu_devices` (or the GPUs) of this machine.
+`auto` on a TPU VM or with a Pod slice in `runtime.tpu`; or `--target tpu` on the command
+line), else `runtime.cpu_devices` (or the GPUs) of this machine.
 
 The rules, by topic of the Cloud TPU performance guide (cloud.google.com/tpu/docs/performance-guide)
 and its companion pages:
@@ -169,8 +169,6 @@ def resolve_target(cfg: config_lib.Config, *, target: str = "auto", tpu_type: st
     if kind == "auto":
         if runtime.strategy != "auto":
             kind, why = runtime.strategy, f"runtime.strategy={runtime.strategy}"
-        elif tpu_type:
-            kind, why = "tpu", f"--tpu_type {tpu_type}"
         elif on_tpu_vm:
             kind, why = "tpu", "runtime.strategy=auto on a TPU VM"
         elif runtime.tpu not in ("local", ""):
@@ -721,7 +719,7 @@ def check_lock_file(lock_path: str = LOCK_FILE, devices: Sequence[str] | None = 
         unsure = f" (could not inspect {hidden} processes of other users)" if hidden else ""
         return warn(f"stale lock file {lock_path}: no process holds the TPU{unsure}; the next run may fail with "
                     "'TPU in use'", "make tpu-cleanup")
-    return passed(f"no lock file, no process holds the TPU")
+    return passed("no lock file, no process holds the TPU")
 
 
 def check_log_dir(log_dir: str | None) -> Verdict:
@@ -830,8 +828,8 @@ def _keep_tensorflow_off_the_accelerators() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="YAML file under configs/")
-    parser.add_argument("--tpu_type", help=f"TPU type to check a TPU config against (default "
-                                           f"{topology_lib.DEFAULT_TPU_TYPE}); implies --target tpu")
+    parser.add_argument("--tpu_type", help=f"TPU type a TPU target has (default {topology_lib.DEFAULT_TPU_TYPE}; "
+                                           "`make doctor` passes TPU_TYPE)")
     parser.add_argument("--target", choices=("auto", "tpu", "gpu", "cpu"), default="auto",
                         help="where the config will train (default: from runtime.strategy and this machine)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.global_batch_size=1024")

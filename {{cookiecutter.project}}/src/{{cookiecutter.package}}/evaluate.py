@@ -23,7 +23,6 @@ from . import distribute, input_pipeline
 from .errors import UserError, run_cli
 from .model import build_model, compile_model, set_precision
 
-log = logging.getLogger(__name__)
 
 
 def run_path(output_dir: str, *parts: str) -> str:

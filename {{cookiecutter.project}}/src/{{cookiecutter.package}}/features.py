@@ -35,7 +35,8 @@ def encode(image: np.ndarray, label: int) -> bytes:
         "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[image.tobytes()])),
         "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(label)])),
     })
-    return example_pb2.Example(features=features).SerializeToString()
+    # deterministic: map fields are otherwise written in an order that differs between processes.
+    return example_pb2.Example(features=features).SerializeToString(deterministic=True)
 
 
 def parse_batch(serialized, image_size: int):
