@@ -1,6 +1,7 @@
 # The template's own commands. Each creates the virtualenv it needs (.venv, shared by the baked projects).
 #   make demo   bake a project with the default answers into build/demo/ and run it end to end on the CPU
-#   make test   the template's test suite: bake every option, run the generated project's own tests
+#   make test   the template's test suite: bake every option, run the generated project's own tests and
+#               an end-to-end run of it
 SHELL := bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -8,7 +9,7 @@ TEMPLATE := {{cookiecutter.project}}
 DEMO := build/demo/tpu-trainer
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all venv clean
+.PHONY: demo test venv clean
 
 $(VENV)/.installed: requirements-test.txt $(TEMPLATE)/requirements.txt $(TEMPLATE)/requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +21,6 @@ $(VENV)/.installed: requirements-test.txt $(TEMPLATE)/requirements.txt $(TEMPLAT
 venv: $(VENV)/.installed
 
 test: venv
-	$(VENV)/bin/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
-
-test-all: venv
 	$(VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
 
 demo: venv

@@ -12,7 +12,6 @@ The last line is JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -57,12 +56,8 @@ def training_steps_per_second(model, dataset, steps_per_execution: int, min_seco
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config, args.overrides)
+    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, lambda parser: parser.add_argument(
+        "--seconds", type=float, default=3.0, help="minimum time per measurement"))
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)

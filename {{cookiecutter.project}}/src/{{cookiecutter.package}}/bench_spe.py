@@ -8,7 +8,6 @@ The last line is JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Sequence
@@ -21,11 +20,8 @@ from .train import choose_steps_per_execution
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config, [*args.overrides, "train.steps_per_execution=auto"])
+    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
+    cfg.train.steps_per_execution = "auto"
     resolved = distribute.resolve(cfg.runtime)
     print(resolved.describe(), flush=True)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)

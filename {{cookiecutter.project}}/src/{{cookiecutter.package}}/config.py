@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import logging
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
@@ -256,6 +257,19 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
 def dump(config: Config) -> str:
     """The resolved config as YAML, in the same layout as the files under configs/."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def command_line(description: str, argv: Sequence[str] | None, add_arguments=None) -> tuple[Config, argparse.Namespace]:
+    """The entry points' shared command line: --config FILE [options] [dotted.key=value ...]."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="YAML file under configs/")
+    if add_arguments:
+        add_arguments(parser)
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.total_steps=100")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger(__package__).setLevel(logging.INFO)
+    return load(args.config, args.overrides), args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

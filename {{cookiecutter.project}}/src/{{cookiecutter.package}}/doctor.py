@@ -597,7 +597,7 @@ def data_location(ctx: Context) -> Verdict:
     if hosts > 1:
         return fail(f"data.dir={data_dir} is a local path but {ctx.target.tpu_type} has {hosts} hosts: the workers "
                     "cannot read this machine's disk",
-                    f"make preprocess DATA_DIR=gs://BUCKET/... and set data.dir to it")
+                    "make preprocess DATA_DIR=gs://BUCKET/... and set data.dir to it")
     return passed(f"{data_dir} is local, read by the one host")
 
 

@@ -9,9 +9,7 @@ same evaluation at the end of training.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import sys
 import time
 from typing import Sequence
@@ -57,13 +55,7 @@ def write_eval_summaries(output_dir: str, metrics: dict, step: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="YAML file under configs/")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value")
-    args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config, args.overrides)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("{{ cookiecutter.package }}").setLevel(logging.INFO)
+    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
 
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)

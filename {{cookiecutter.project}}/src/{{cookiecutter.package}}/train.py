@@ -11,8 +11,6 @@ within one execution of `steps_per_execution` steps; a NaN loss stops the run wi
 
 from __future__ import annotations
 
-import argparse
-import logging
 import math
 import signal
 import sys
@@ -29,7 +27,6 @@ from .errors import UserError, run_cli
 from .keras import keras
 from .model import build_model, compile_model, set_precision
 
-log = logging.getLogger(__name__)
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
 
 
@@ -243,13 +240,7 @@ def export(model: keras.Model, output_dir: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="YAML file under configs/")
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.total_steps=100")
-    args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config, args.overrides)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("{{ cookiecutter.package }}").setLevel(logging.INFO)
+    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
     train(cfg)
     return 0
 
