@@ -6,7 +6,6 @@ see the template README).
 """
 
 import json
-import os
 import stat
 from pathlib import Path
 
@@ -20,8 +19,8 @@ def main():
     (project / ".cookiecutter.json").write_text(json.dumps(answers, indent=2, sort_keys=True) + "\n")
     for script in (project / "scripts").glob("*.sh"):
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    print(f"Generated {project.name} in {project}.")
-    print(f"Next: cd {os.path.relpath(project)} && make setup && make data preprocess train")
+    print(f"Generated {project}.")
+    print(f"Next: cd {project.name} && make setup && make data preprocess train")
 
 
 if __name__ == "__main__":

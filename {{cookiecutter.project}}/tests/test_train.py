@@ -169,3 +169,19 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from step {saved}" in resumed.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 200
+
+
+def test_data_and_run_directory_on_gcs(data_dir, gcs_bucket):
+    """The Pod-slice layout: shards read from gs://, checkpoints, logs, metrics and export written to gs://."""
+    data = gcs_bucket.path("train-test", "tfrecords")
+    for path in data_dir.iterdir():
+        tf.io.gfile.copy(str(path), f"{data}/{path.name}", overwrite=True)
+    output = gcs_bucket.path("train-test", "run")
+    cfg = tiny_config(data_dir, output, f"data.dir={data}", "train.total_steps=16")
+    metrics = train.train(cfg)
+    assert metrics["global_step"] == 16
+    with tf.io.gfile.GFile(f"{output}/metrics.json") as handle:
+        assert json.load(handle)["global_step"] == 16
+    assert tf.train.latest_checkpoint(f"{output}/checkpoints").endswith("ckpt-16")
+    assert tf.io.gfile.glob(f"{output}/logs/train/events.out.tfevents.*")
+    assert tf.io.gfile.exists(f"{output}/export/saved_model.pb")

@@ -46,6 +46,7 @@ class TrainingMonitor(keras.callbacks.Callback):
         self.last_log_time = self.first_timed_time = None
         self.profile_window = cfg.profile_window()
         self.profiling = False
+        self.end_time = time.perf_counter()
         self.preempted = False
         self.nan_step = None
 
@@ -96,6 +97,9 @@ class TrainingMonitor(keras.callbacks.Callback):
                 tf.summary.scalar("steps_per_second", rate, step=step)
                 tf.summary.scalar("examples_per_second", examples, step=step)
         self.writer.flush()
+        # Keras reports running means since fit() started (one long epoch here): restart them so that
+        # each logged loss and accuracy covers the last log_every steps only.
+        self.model.reset_metrics()
 
     def _profile(self, step: int) -> None:
         if not self.profile_window:
@@ -115,9 +119,12 @@ class TrainingMonitor(keras.callbacks.Callback):
             print(f"profile written to {run_path(self.cfg.runtime.output_dir, 'logs', 'plugins', 'profile')}",
                   flush=True)
 
+    def on_train_end(self, logs=None):
+        self.end_time = time.perf_counter()
+
     def examples_per_second(self) -> float:
         """Training throughput after the first (compiling) execution."""
-        elapsed = time.perf_counter() - (self.first_timed_time or time.perf_counter())
+        elapsed = self.end_time - (self.first_timed_time or self.end_time)
         steps = self.step - self.first_timed_step
         return steps * self.cfg.train.global_batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
