@@ -180,6 +180,12 @@ def test_a_failed_run_leaves_the_previous_output_intact(raw_dir, tmp_path, monke
     assert json.loads((output / "manifest.json").read_text()) == before
     assert shard_bytes(output) == shards
 
+    monkeypatch.undo()  # the next successful run also clears the interrupted run's temporary folder
+    (output / ".tmp-interrupted").mkdir(exist_ok=True)
+    (output / ".tmp-interrupted" / "train-shard-00000.tfrecord").write_bytes(b"partial")
+    run_preprocess(raw_dir, output, "--image_size", "8", "--num_shards", "2")
+    assert not [p.name for p in output.iterdir() if p.name.startswith(".tmp-")]
+
 
 def test_runs_are_deterministic(raw_dir, reference, tmp_path):
     first_dir, first = reference

@@ -304,9 +304,20 @@ def finalize(_, shards: list, rejected: list, output: str, temp_dir: str, labels
     }
     with FileSystems.create(join(output, MANIFEST), mime_type="application/json") as handle:
         handle.write(json.dumps(manifest, indent=2).encode("utf-8"))
-    if FileSystems.exists(temp_dir):  # a local folder; object stores have no empty folders
-        FileSystems.delete([temp_dir])
+    remove_temp_folders(output, temp_dir)
     return manifest
+
+
+def remove_temp_folders(output: str, temp_dir: str) -> None:
+    """Removes this run's (now empty) temporary folder and the files of any that an interrupted
+    earlier run left behind."""
+    leftovers = [m.path for m in FileSystems.match([join(output, ".tmp-*", "*")])[0].metadata_list]
+    if leftovers:
+        FileSystems.delete(leftovers)
+    folders = {temp_dir, *(path.rsplit("/", 1)[0] for path in leftovers)}
+    existing = [folder for folder in folders if FileSystems.exists(folder)]  # local only: GCS has no folders
+    if existing:
+        FileSystems.delete(existing)
 
 
 # ----------------------------------------------------------------------------- pipeline
