@@ -158,8 +158,14 @@ def test_batch_under_128_per_core_warns_on_a_tpu(data_dir, tmp_path):
 
 # ----------------------------------------------------------------------------- model
 
-def test_feature_dims_name_the_padded_layers_but_not_the_logits(data_dir, tmp_path):
+def test_mxu_rules_skip_cpu_targets(data_dir, tmp_path):
     results = check(data_dir, "model.widths=[100,128]", tmp_path=tmp_path)
+    assert results["model.feature_dims"].status == doctor.SKIP
+    assert "configs/tpu.yaml" in results["model.feature_dims"].message
+
+
+def test_feature_dims_name_the_padded_layers_but_not_the_logits(data_dir, tmp_path):
+    results = check(data_dir, "model.widths=[100,128]", tmp_path=tmp_path, target="tpu")
     rule = results["model.feature_dims"]
     assert rule.status == doctor.WARN
     assert "100: stem_conv" in rule.message and "logits" not in rule.message
@@ -168,10 +174,10 @@ def test_feature_dims_name_the_padded_layers_but_not_the_logits(data_dir, tmp_pa
 
 
 def test_mxu_widths_pass_and_8_suffices_at_a_batch_of_1024(data_dir, tmp_path):
-    results = check(data_dir, "model.widths=[128,256]", tmp_path=tmp_path)
+    results = check(data_dir, "model.widths=[128,256]", tmp_path=tmp_path, target="tpu")
     assert results["model.feature_dims"].status == doctor.PASS
     assert results["model.narrow_layers"].status == doctor.PASS
-    results = check(data_dir, "model.widths=[64,136]", "train.global_batch_size=1024", tmp_path=tmp_path)
+    results = check(data_dir, "model.widths=[64,136]", "train.global_batch_size=1024", tmp_path=tmp_path, target="tpu")
     assert results["model.feature_dims"].status == doctor.PASS
     narrow = results["model.narrow_layers"]
     assert narrow.status == doctor.WARN and "stem_conv (64)" in narrow.message and "(136)" not in narrow.message
@@ -188,7 +194,7 @@ def test_hidden_dense_layers_under_512_are_flagged(data_dir, tmp_path, monkeypat
         return keras.Model(images, keras.layers.Dense(num_classes, name="logits")(x))
 
     monkeypatch.setattr(model, "build_model", mlp)
-    results = check(data_dir, tmp_path=tmp_path)
+    results = check(data_dir, tmp_path=tmp_path, target="tpu")
     assert results["model.hidden_dense"].status == doctor.WARN
     assert "hidden (200)" in results["model.hidden_dense"].message
     assert "200: hidden" in results["model.feature_dims"].message

@@ -412,6 +412,9 @@ def _suggest_widths(widths: list[int], quantum: int) -> str:
 def model_feature_dims(ctx: Context) -> Verdict:
     if ctx.layers is None:
         return skip("the model did not build (see model.build)")
+    if ctx.target.kind != "tpu":
+        return skip(f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
+                    "(`make doctor CONFIG=configs/tpu.yaml` checks the TPU model)")
     quantum = _feature_quantum(ctx)
     why = (f"the global batch is a multiple of {BATCH_FOR_SMALL_TILE}" if quantum == SMALL_TILE
            else f"the global batch is not a multiple of {BATCH_FOR_SMALL_TILE}")
@@ -432,6 +435,9 @@ def model_feature_dims(ctx: Context) -> Verdict:
 def model_narrow_layers(ctx: Context) -> Verdict:
     if ctx.layers is None:
         return skip("the model did not build (see model.build)")
+    if ctx.target.kind != "tpu":
+        return skip(f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
+                    "(`make doctor CONFIG=configs/tpu.yaml` checks the TPU model)")
     narrow = [layer for layer in ctx.feature_layers if layer.width < MXU_TILE]
     if not narrow:
         return passed(f"every conv/dense layer is at least {MXU_TILE} wide")
@@ -617,7 +623,7 @@ def train_steps_per_execution(ctx: Context) -> Verdict:
     measured = f"; the run in {ctx.cfg.runtime.output_dir} measured {step * 1000:.1f} ms per step" if step else ""
     if spe == "auto":
         chosen = (f"; its last run chose {history.steps_per_execution}" if history.steps_per_execution else "")
-        return passed(f"auto: measured at start-up among 1, 2, 4 ... up to min(log_every, checkpoint_every)"
+        return passed(f"auto: measured at start-up among 1, 4, 16 ... up to min(log_every, checkpoint_every)"
                       f"{chosen}{measured}")
     if spe == 1:
         return warn("1 step per execution: every step pays a host-device round trip",
