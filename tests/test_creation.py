@@ -59,3 +59,20 @@ def test_make_help_lists_every_target(default_project):
                    "bench", "bench-spe", "bench-preprocess", "tpu-create", "tpu-list", "tpu-ssh", "tpu-stop",
                    "tpu-start", "tpu-delete", "tpu-copy", "pod-train", "train-bg", "logs", "help"):
         assert f" {target} " in result.stdout.replace("\x1b[36m", " ").replace("\x1b[0m", " "), target
+
+
+def test_recorded_answers_regenerate_the_same_project(tmp_path):
+    """The README's update recipe: regenerate in place from .cookiecutter.json."""
+    project = bake(tmp_path, project="vision-lab", description="Shapes, with a comma and spaces",
+                   tpu_type="v5litepod-16", gcp_project="acme-ml-research", zone="us-east5-a",
+                   gcs_bucket="acme-tpu-data")
+    before = {path: (project / path).read_bytes() for path in files_of(project)}
+    answers = {k: v for k, v in json.loads((project / ".cookiecutter.json").read_text()).items()
+               if not k.startswith("_")}
+    (project / "configs/local.yaml").write_text("edited\n")
+    from cookiecutter.main import cookiecutter
+
+    from conftest import ROOT
+
+    cookiecutter(str(ROOT), no_input=True, extra_context=answers, output_dir=str(tmp_path), overwrite_if_exists=True)
+    assert {path: (project / path).read_bytes() for path in files_of(project)} == before
