@@ -63,9 +63,12 @@ def test_make_help_lists_every_target(default_project):
 
 def test_recorded_answers_regenerate_the_same_project(tmp_path):
     """The README's update recipe: regenerate in place from .cookiecutter.json."""
-    project = bake(tmp_path, project="vision-lab", description="Shapes, with a comma and spaces",
+    project = bake(tmp_path, project="vision-lab", description="Shapes, \"quoted\", with a comma and spaces",
                    tpu_type="v5litepod-16", gcp_project="acme-ml-research", zone="us-east5-a",
                    gcs_bucket="acme-tpu-data")
+    tomllib = pytest.importorskip("tomllib")
+    metadata = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert metadata["description"] == 'Shapes, "quoted", with a comma and spaces'
     before = {path: (project / path).read_bytes() for path in files_of(project)}
     answers = {k: v for k, v in json.loads((project / ".cookiecutter.json").read_text()).items()
                if not k.startswith("_")}

@@ -270,3 +270,18 @@ def test_dataflow_refuses_local_paths(tmp_path):
     with pytest.raises(preprocess.UserError, match="gs://"):
         preprocess.main(["--input", str(tmp_path), "--output", "gs://b/out", "--runner=DataflowRunner",
                          "--project=p", "--region=r", "--dry_run=True"])
+
+
+def test_make_preprocess_on_dataflow_uses_the_project_answers():
+    """`make preprocess RUNNER=dataflow` builds its Beam options from project.mk (shown with make -n)."""
+    result = subprocess.run(["make", "-n", "preprocess", "RUNNER=dataflow", "DRY_RUN=1", "RAW=gs://b/raw",
+                             "DATA_DIR=gs://b/tfrecords", "DATAFLOW_MAX_WORKERS=7"],
+                            cwd=PROJECT, capture_output=True, text=True, check=True)
+    command = result.stdout
+    zone = "{{ cookiecutter.zone }}"
+    for option in ("--input gs://b/raw", "--output gs://b/tfrecords", "--runner=DataflowRunner",
+                   "--project={{ cookiecutter.gcp_project }}", f"--region={zone.rsplit('-', 1)[0]}",
+                   "--temp_location=gs://{{ cookiecutter.gcs_bucket }}/dataflow/tmp",
+                   "--staging_location=gs://{{ cookiecutter.gcs_bucket }}/dataflow/staging",
+                   f"--setup_file={PROJECT}/pyproject.toml", "--max_num_workers=7", "--dry_run=True"):
+        assert option in command, option
