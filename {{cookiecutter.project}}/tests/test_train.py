@@ -61,6 +61,17 @@ def test_run_directory_is_complete(finished_run):
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-48")
 
 
+def test_rerunning_a_finished_run_only_evaluates(finished_run, capsys):
+    cfg, output, metrics = finished_run
+    again = train.train(config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto"]))
+    printed = capsys.readouterr().out
+    assert "resumed from step 48" in printed and "calibrating" not in printed
+    assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
+    assert again["global_step"] == 48
+    # Same weights; bfloat16 sums in another order may flip one borderline example at most.
+    assert abs(again["accuracy"] - metrics["accuracy"]) <= 1.5 / again["eval_examples"]
+
+
 def test_learning_rate_is_logged_every_step(finished_run):
     cfg, output, _ = finished_run
     events = scalar_events(output / "logs" / "train")

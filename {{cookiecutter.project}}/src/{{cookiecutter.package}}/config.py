@@ -132,16 +132,12 @@ def _unknown_key(key: str, where: str) -> ConfigError:
     return ConfigError(f"unknown config key '{key}' {where}; {hint}")
 
 
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
+def _coerce(key: str, value: Any, kind: Any) -> Any:
     """Checks `value` against the field's type, allowing the harmless conversions only."""
-    expected = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
-    if annotation == "Union[int, str]":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if value == "auto":
+    if kind == Union[int, str]:  # steps_per_execution: an integer or "auto"
+        if (isinstance(value, int) and not isinstance(value, bool)) or value == "auto":
             return value
         raise ConfigError(f"{key} must be an integer or 'auto', got {value!r}")
-    kind = expected[annotation]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is float and isinstance(value, str):
@@ -160,18 +156,17 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, kind):
-        raise ConfigError(f"{key} must be of type {annotation}, got {value!r} ({type(value).__name__})")
+        raise ConfigError(f"{key} must be of type {kind.__name__}, got {value!r} ({type(value).__name__})")
     return value
 
 
 def _set(config: Config, key: str, value: Any, where: str) -> None:
-    section_name, _, field_name = key.partition(".")
-    section = getattr(config, section_name, None) if section_name in {f.name for f in dataclasses.fields(config)} else None
-    if section is None or field_name not in {f.name for f in dataclasses.fields(section)}:
+    if key not in all_keys(config):
         raise _unknown_key(key, where)
-    annotation = typing.get_type_hints(type(section))[field_name]
-    name = {int: "int", float: "float", str: "str", bool: "bool", list: "list"}.get(annotation, "Union[int, str]")
-    setattr(section, field_name, _coerce(key, value, name))
+    section_name, _, field_name = key.partition(".")
+    section = getattr(config, section_name)
+    kind = typing.get_type_hints(type(section))[field_name]
+    setattr(section, field_name, _coerce(key, value, kind))
 
 
 def validate(config: Config) -> Config:

@@ -170,9 +170,16 @@ def train(cfg: config_lib.Config) -> dict:
           f"{peak:g} (= {cfg.train.base_learning_rate:g} x {cfg.train.global_batch_size}/{cfg.train.base_batch_size}),"
           f" warm-up {cfg.train.warmup_steps} steps; precision {cfg.runtime.mixed_precision}", flush=True)
 
-    cfg.train.steps_per_execution, _ = choose_steps_per_execution(cfg, resolved, manifest)
-    with tf.io.gfile.GFile(run_path(output_dir, "config.yaml"), "w") as handle:
-        handle.write(config_lib.dump(cfg))
+    # Checkpoints are numbered by step. A finished run is only evaluated again: no calibration, and
+    # its config.yaml keeps describing the training that produced it.
+    latest = tf.train.latest_checkpoint(run_path(output_dir, "checkpoints"))
+    if latest is not None and int(latest.rsplit("-", 1)[1]) >= cfg.train.total_steps:
+        if cfg.train.steps_per_execution == "auto":
+            cfg.train.steps_per_execution = 1
+    else:
+        cfg.train.steps_per_execution, _ = choose_steps_per_execution(cfg, resolved, manifest)
+        with tf.io.gfile.GFile(run_path(output_dir, "config.yaml"), "w") as handle:
+            handle.write(config_lib.dump(cfg))
 
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg.model, manifest["image_size"], manifest["num_classes"]),
