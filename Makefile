@@ -1,7 +1,9 @@
 # The template's own commands. Each creates the virtualenv it needs (.venv, shared by the baked projects).
 #   make demo   bake a project with the default answers into build/demo/ and run it end to end on the CPU
-#   make test   the template's test suite: bake every option, run the generated project's own tests and
-#               an end-to-end run of it
+#   make test       the template's whole test suite (what CI runs): every option baked, the hooks, each
+#                   bake's fast tests, and the end-to-end runs (both tasks, every make target)
+#   make test-fast  the same without the end-to-end runs (pytest -m "not slow"): a few minutes
+#   make lint       ruff on the template's Python files (tools/ruff_template.py); make format applies it
 SHELL := bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
@@ -9,7 +11,7 @@ TEMPLATE := {{cookiecutter.project}}
 DEMO := build/demo/tpu-trainer
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-fast lint format venv clean
 
 $(VENV)/.installed: requirements-test.txt $(TEMPLATE)/requirements.txt $(TEMPLATE)/requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +24,15 @@ venv: $(VENV)/.installed
 
 test: venv
 	$(VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
+
+test-fast: venv
+	$(VENV)/bin/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/python tools/ruff_template.py check --ruff $(VENV)/bin/ruff
+
+format: venv
+	$(VENV)/bin/python tools/ruff_template.py format --ruff $(VENV)/bin/ruff
 
 demo: venv
 	rm -rf build/demo

@@ -8,21 +8,31 @@ import subprocess
 
 import pytest
 
-from conftest import TASKS, TPU_TYPES, VENV, bake
+from conftest import ROOT, TASKS, TPU_TYPES, VENV, bake
 
 EXPECTED_FILES = {
-    ".cookiecutter.json", ".gitignore", "Makefile", "README.md", "project.mk", "tpu.mk", "pyproject.toml",
+    ".cookiecutter.json", ".gitignore", ".pre-commit-config.yaml", ".github/workflows/ci.yml", "Makefile", "README.md", "project.mk", "tpu.mk", "pyproject.toml",
     "requirements.txt", "requirements-dev.txt",
     "configs/local.yaml", "configs/tpu.yaml", "configs/pod.yaml",
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (
         "__init__", "bench_input", "bench_preprocess", "bench_spe", "capture_profile", "config", "distribute",
-        "doctor", "errors", "evaluate", "features", "input_pipeline", "keras", "model", "preprocess",
-        "sample_data", "schedule", "steps_per_execution", "topology", "train")),
+        "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
+        "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
+        "predict", "preemption", "preprocess", "sample_data", "schedule", "steps_per_execution", "task",
+        "tasks/__init__", "topology", "train")),
     *(f"tests/{name}.py" for name in (
-        "conftest", "gcs_emulator", "test_config", "test_doctor", "test_features", "test_gcs_emulator",
-        "test_input", "test_preprocess", "test_schedule", "test_tpu_ops", "test_train")),
+        "conftest", "gcs_emulator", "test_bench", "test_config", "test_doctor", "test_gcs_emulator",
+        "test_input", "test_preprocess", "test_schedule", "test_tpu", "test_tpu_ops", "test_train")),
+}
+# What each task adds: its package under tasks/ (every file the template has there) and its own tests.
+TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"
+TASK_FILES = {
+    task: {*(f"src/{{package}}/tasks/{task}/{path.relative_to(TASKS_DIR / task)}"
+             for path in (TASKS_DIR / task).rglob("*.py") if "__pycache__" not in path.parts),
+           f"tests/test_task_{task}.py"}
+    for task in TASKS
 }
 
 
@@ -36,11 +46,14 @@ def test_bake_every_option(tmp_path, tpu_type, task):
     project = bake(tmp_path, project="vision-lab", tpu_type=tpu_type, task=task, gcp_project="acme-ml-research",
                    zone="us-east5-a", gcs_bucket="acme-tpu-data")
     assert project.name == "vision-lab"
-    assert files_of(project) == {f.format(package="vision_lab") for f in EXPECTED_FILES}
+    assert files_of(project) == {f.format(package="vision_lab") for f in EXPECTED_FILES | TASK_FILES[task]}
+    others = [other for other in TASKS if other != task]
     for path in project.rglob("*"):
         if path.is_file():
             text = path.read_text()
             assert "{{" not in text and "{%" not in text and "cookiecutter." not in text, path
+            for other in others:  # a bake holds its own task only, and never names another
+                assert other not in text and other.replace("_", " ") not in text, (path, other)
     for path in (project / "src").rglob("*.py"):
         py_compile.compile(str(path), doraise=True)
     answers = json.loads((project / ".cookiecutter.json").read_text())
@@ -79,3 +92,29 @@ def test_recorded_answers_regenerate_the_same_project(tmp_path):
 
     cookiecutter(str(ROOT), no_input=True, extra_context=answers, output_dir=str(tmp_path), overwrite_if_exists=True)
     assert {path: (project / path).read_bytes() for path in files_of(project)} == before
+
+
+def test_the_gitignore_keeps_cloud_credentials_out(tmp_path):
+    """Service-account keys, ADC files and .env files next to the project are never committed."""
+    project = bake(tmp_path, gcp_project="acme-ml-research", zone="us-central2-b", gcs_bucket="acme-tpu-data")
+    secrets = ["my-sa-key.json", "credentials.json", "credentials-prod.json", "application_default_credentials.json",
+               ".env", ".env.local", "configs/svc-key.json"]
+    for name in secrets:
+        (project / name).write_text("{}")
+    (project / "notes.json").write_text("{}")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=project,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    ignored = {line[3:] for line in status if line.startswith("!! ")}
+    untracked = {line[3:] for line in status if line.startswith("?? ")}
+    assert set(secrets) <= ignored
+    assert "notes.json" in untracked  # other JSON is not swept away with them
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_bake_passes_make_lint(tmp_path, task):
+    """ruff (lint and format check, the bake's own pyproject settings) and shellcheck are clean."""
+    project = bake(tmp_path, task=task, gcp_project="acme-ml-research", zone="us-central2-b",
+                   gcs_bucket="acme-tpu-data")
+    result = subprocess.run(["make", "lint", f"VENV={VENV}"], cwd=project, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -80,11 +80,20 @@ CAPACITY_FLAGS = $(if $(filter 1,$(SPOT)),--spot) $(if $(filter 1,$(PREEMPTIBLE)
 # QUEUED=1: a queued resource waits for capacity instead of failing; QUEUE_FOR=6h gives up after.
 QUEUE_FOR ?=
 QUEUED_FLAGS = --node-id=$(TPU_NAME) $(if $(QUEUE_FOR),--valid-until-duration=$(QUEUE_FOR))
+# AUTOCHECKPOINT=1: on a maintenance event the TPU service signals the VM (SIGTERM, which training
+# turns into a checkpoint and exit 143) before it acts. The flag exists in gcloud's alpha track only,
+# so the create command switches to `gcloud alpha` for it.
+AUTOCHECKPOINT ?=
+CREATE_TRACK = $(if $(filter 1,$(AUTOCHECKPOINT)),alpha)
+AUTOCHECKPOINT_FLAGS = $(if $(filter 1,$(AUTOCHECKPOINT)),--autocheckpoint-enabled)
 
 # ---- Code on the workers -----------------------------------------------------------------------
 # The project is copied to ~/$(REMOTE_DIR) on every worker, without the local-only folders.
 REMOTE_DIR ?= {{ cookiecutter.project }}
 COPY_EXCLUDES ?= .venv data runs logs .git .pytest_cache
+# Credentials never travel to the workers (the same patterns as .gitignore); the VM's service account
+# is how a worker reaches the bucket.
+SECRET_EXCLUDES := *-key.json credentials*.json application_default_credentials.json .env .env.*
 COPY_ARCHIVE ?= /tmp/$(TPU_NAME)-code.tar.gz
 WORKER ?= 0
 POD_CONFIG ?= configs/pod.yaml
@@ -96,18 +105,18 @@ TRAIN_LOG ?= logs/train.log
 .PHONY: tpu-create tpu-list tpu-ssh tpu-stop tpu-start tpu-delete tpu-copy tpu-setup tpu-versions \
 	tpu-info tpu-cleanup pod-train pod-logs train-bg logs
 
-tpu-create: ## create the TPU VM or Pod slice TPU_NAME (SPOT=1, PREEMPTIBLE=1, QUEUED=1 [QUEUE_FOR=6h])
+tpu-create: ## create the TPU VM or Pod slice TPU_NAME (SPOT=1, PREEMPTIBLE=1, QUEUED=1 [QUEUE_FOR=6h], AUTOCHECKPOINT=1)
 	$(if $(RUNTIME_VERSION),,$(error no runtime image known for TPU_TYPE=$(TPU_TYPE): set RUNTIME_VERSION=...))
 ifeq ($(QUEUED),1)
 	$(if $(filter 1,$(PREEMPTIBLE)),$(error queued resources have no PREEMPTIBLE=1: use SPOT=1))
-	@$(RUN) $(GCLOUD) compute tpus queued-resources create $(TPU_NAME) $(TPU_FLAGS) \
+	@$(RUN) $(GCLOUD) $(CREATE_TRACK) compute tpus queued-resources create $(TPU_NAME) $(TPU_FLAGS) \
 		--accelerator-type=$(TPU_TYPE) --runtime-version=$(RUNTIME_VERSION) \
-		--scopes=$(TPU_SCOPES) $(QUEUED_FLAGS) $(CAPACITY_FLAGS)
+		--scopes=$(TPU_SCOPES) $(QUEUED_FLAGS) $(CAPACITY_FLAGS) $(AUTOCHECKPOINT_FLAGS)
 	@echo "Queued. Watch it: make tpu-list QUEUED=1 (state ACTIVE means the TPU is up)"
 else
-	@$(RUN) $(GCLOUD) compute tpus tpu-vm create $(TPU_NAME) $(TPU_FLAGS) \
+	@$(RUN) $(GCLOUD) $(CREATE_TRACK) compute tpus tpu-vm create $(TPU_NAME) $(TPU_FLAGS) \
 		--accelerator-type=$(TPU_TYPE) --version=$(RUNTIME_VERSION) \
-		--scopes=$(TPU_SCOPES) $(CAPACITY_FLAGS)
+		--scopes=$(TPU_SCOPES) $(CAPACITY_FLAGS) $(AUTOCHECKPOINT_FLAGS)
 endif
 
 tpu-list: ## list the TPU VMs (QUEUED=1: and the queued resources) of the zone
@@ -141,7 +150,8 @@ else
 endif
 
 tpu-copy: ## copy the project to every worker (~/REMOTE_DIR), without .venv, data, runs and logs
-	@$(RUN) tar -czf $(COPY_ARCHIVE) $(addprefix --exclude=./,$(COPY_EXCLUDES)) --exclude=__pycache__ .
+	@$(RUN) tar -czf $(COPY_ARCHIVE) $(addprefix --exclude=./,$(COPY_EXCLUDES)) --exclude=__pycache__ \
+		$(foreach pattern,$(SECRET_EXCLUDES),--exclude='$(pattern)') .
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm scp $(COPY_ARCHIVE) $(TPU_NAME):$(COPY_ARCHIVE) $(TPU_FLAGS) --worker=all
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
 		--command='mkdir -p $(REMOTE_DIR) && tar -xzf $(COPY_ARCHIVE) -C $(REMOTE_DIR) && rm -f $(COPY_ARCHIVE)'

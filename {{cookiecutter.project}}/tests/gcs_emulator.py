@@ -116,7 +116,7 @@ class GcsBucket:
 
 def pytest_configure(config):
     if "tensorflow" in sys.modules:
-        warnings.warn(
+        warnings.warn(  # noqa: B028 - the warning names its cause; the caller's frame adds nothing
             pytest.PytestConfigWarning(
                 "gcs_emulator was loaded after tensorflow was imported, so TF's gs:// "
                 "stat cache and retries keep their defaults in this process; list "
@@ -182,10 +182,7 @@ def _wait_until_ready(server, log_path):
     if not line:
         server.kill()
         server.wait()
-        raise RuntimeError(
-            f"the GCS emulator did not start; its log ({log_path}):\n"
-            + log_path.read_text()
-        )
+        raise RuntimeError(f"the GCS emulator did not start; its log ({log_path}):\n" + log_path.read_text())
     return json.loads(line)
 
 
@@ -295,9 +292,7 @@ class _EmulatorForwarder(BaseHTTPRequestHandler):
                 continue
             if name.lower() == "location":
                 # An upload-session URL: keep TF's upload coming through this tunnel.
-                value = value.replace(
-                    f"http://127.0.0.1:{port}", f"https://{self.headers['Host']}", 1
-                )
+                value = value.replace(f"http://127.0.0.1:{port}", f"https://{self.headers['Host']}", 1)
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -404,9 +399,7 @@ def _write_certificates(workdir):
             (x509.BasicConstraints(ca=False, path_length=None), True),
             (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
             (
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                    ca_key.public_key()
-                ),
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                 False,
             ),
         ],

@@ -57,9 +57,7 @@ def test_beam_writes_and_renames_then_tensorflow_reads(gcs_bucket):
         _ = (
             pipeline
             | beam.Create(records)
-            | beam.io.WriteToTFRecord(
-                f"{base}/staged/data", file_name_suffix=".tfrecord", num_shards=2
-            )
+            | beam.io.WriteToTFRecord(f"{base}/staged/data", file_name_suffix=".tfrecord", num_shards=2)
         )
     staged = sorted(m.path for m in FileSystems.match([f"{base}/staged/*"])[0].metadata_list)
     assert len(staged) == 2
@@ -88,9 +86,7 @@ def test_tensorflow_writes_then_beam_reads(gcs_bucket):
         f.write("written by tensorflow\n")
 
     variable = tf.Variable([1.0, 2.0])
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(v=variable), f"{base}/ckpt", max_to_keep=1
-    )
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=variable), f"{base}/ckpt", max_to_keep=1)
     manager.save()
     variable.assign([3.0, 4.0])
     manager.save()  # and deletes ckpt-1: max_to_keep=1
@@ -101,10 +97,7 @@ def test_tensorflow_writes_then_beam_reads(gcs_bucket):
     writer.close()
 
     assert _read_all(f"{base}/note.txt") == ["written by tensorflow"]
-    checkpoint_files = {
-        m.path.rsplit("/", 1)[1]
-        for m in FileSystems.match([f"{base}/ckpt/*"])[0].metadata_list
-    }
+    checkpoint_files = {m.path.rsplit("/", 1)[1] for m in FileSystems.match([f"{base}/ckpt/*"])[0].metadata_list}
     assert checkpoint_files == {
         "",  # the directory marker "ckpt/" that TF makes, as it does on real GCS
         "checkpoint",

@@ -19,12 +19,13 @@ def load_manifest(data_dir):
 def test_training_batches_have_static_shapes(data_dir):
     manifest = load_manifest(data_dir)
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "train")
-    dataset = input_pipeline.make_dataset(files, counts, 16, 12, training=True)
-    images, labels = dataset.element_spec
-    assert images.shape == (12, 16, 16, 3) and images.dtype == tf.uint8
-    assert labels.shape == (12,)
+    dataset = input_pipeline.make_dataset(files, counts, manifest, 12, training=True)
+    inputs, labels = dataset.element_spec
+    for spec in tf.nest.flatten(inputs):  # what the TPU compiles for: one static shape
+        assert spec.shape.is_fully_defined() and spec.shape[0] == 12
+    assert labels.shape == (12,) and labels.dtype == tf.int32
     first = next(iter(dataset))
-    assert first[0].shape == (12, 16, 16, 3)
+    assert [t.shape for t in tf.nest.flatten(first[0])] == [s.shape for s in tf.nest.flatten(inputs)]
 
 
 def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per_pipeline=1):
@@ -34,15 +35,24 @@ def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per
     examples, batches = [], []
     for pipeline_id in range(num_pipelines):
         dataset = input_pipeline.make_dataset(
-            files, counts, 16, per_replica_batch, training=False, pipeline_id=pipeline_id,
-            num_pipelines=num_pipelines, replicas_per_pipeline=replicas_per_pipeline, global_batch_size=global_batch)
+            files,
+            counts,
+            manifest,
+            per_replica_batch,
+            training=False,
+            pipeline_id=pipeline_id,
+            num_pipelines=num_pipelines,
+            replicas_per_pipeline=replicas_per_pipeline,
+            global_batch_size=global_batch,
+        )
         batches.append(0)
-        for images, labels, weights in dataset:
-            assert images.shape[0] == per_replica_batch  # static, also in the padded tail
+        for inputs, labels, weights in dataset:
+            inputs = tf.nest.flatten(inputs)[0]
+            assert inputs.shape[0] == per_replica_batch  # static, also in the padded tail
             batches[-1] += 1
-            for image, label, weight in zip(images.numpy(), labels.numpy(), weights.numpy()):
+            for example, label, weight in zip(inputs.numpy(), labels.numpy(), weights.numpy()):
                 if weight:
-                    examples.append((hashlib.sha1(image.tobytes()).hexdigest(), int(label)))
+                    examples.append((hashlib.sha1(example.tobytes()).hexdigest(), int(label)))
     return collections.Counter(examples), batches
 
 
@@ -62,30 +72,41 @@ def test_distributed_batches_are_per_replica(data_dir):
     manifest = load_manifest(data_dir)
     resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime)
     assert resolved.replicas == 8
-    dataset, steps = input_pipeline.distributed_dataset(resolved.strategy, str(data_dir), manifest, "eval", 32,
-                                                        training=False)
-    images, labels, weights = next(iter(dataset))
-    per_replica = resolved.strategy.experimental_local_results(images)
-    assert len(per_replica) == 8 and all(t.shape == (4, 16, 16, 3) for t in per_replica)
+    dataset, steps = input_pipeline.distributed_dataset(
+        resolved.strategy, str(data_dir), manifest, "eval", 32, training=False
+    )
+    inputs, labels, weights = next(iter(dataset))
+    per_replica = resolved.strategy.experimental_local_results(tf.nest.flatten(inputs)[0])
+    assert len(per_replica) == 8 and all(t.shape[0] == 4 and t.shape.is_fully_defined() for t in per_replica)
     assert steps == -(-manifest["splits"]["eval"]["num_examples"] // 32)
 
 
 def test_batch_that_does_not_divide_is_refused():
     resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime)
-    with pytest.raises(UserError, match="train.global_batch_size=100 does not divide across 8 replicas; "
-                                        "use a multiple of 8, e.g. 96 or 104"):
+    with pytest.raises(
+        UserError,
+        match="train.global_batch_size=100 does not divide across 8 replicas; use a multiple of 8, e.g. 96 or 104",
+    ):
         resolved.per_replica_batch_size(100)
 
 
 def test_manifest_problems_are_one_clear_error(data_dir, tmp_path):
     with pytest.raises(UserError, match="no manifest.json in .*run `make preprocess`"):
         input_pipeline.read_manifest(str(tmp_path))
+{%- if cookiecutter.task == "image_classification" %}
     with pytest.raises(UserError, match="data.image_size=32 but the shards .* hold 16x16 images"):
-        input_pipeline.read_manifest(str(data_dir), 32)
+        input_pipeline.read_manifest(str(data_dir), config.load(None, ["data.image_size=32"]).data)
+{%- else %}
+    with pytest.raises(UserError, match="data.seq_len=64"):
+        input_pipeline.read_manifest(str(data_dir), config.load(None, ["data.seq_len=64"]).data)
+{%- endif %}
     manifest = load_manifest(data_dir)
-    for index, (change, message) in enumerate([({"feature_spec": {"image": {"dtype": "float32"}}}, "feature spec .* differs"),
-                            ({"splits": {"train": {"num_examples": 0}, "eval": manifest["splits"]["eval"]}},
-                             "lists no train examples")]):
+    for index, (change, message) in enumerate(
+        [
+            ({"feature_spec": {"version": 0}}, "feature spec .* differs"),
+            ({"splits": {"train": {"num_examples": 0}, "eval": manifest["splits"]["eval"]}}, "lists no train examples"),
+        ]
+    ):
         broken = tmp_path / f"broken{index}"
         broken.mkdir()
         (broken / "manifest.json").write_text(json.dumps({**manifest, **change}))

@@ -117,6 +117,17 @@ def test_spot_and_preemptible():
     assert "--spot" in spot
     [preemptible] = gcloud_lines(make("tpu-create", "PREEMPTIBLE=1"))
     assert "--preemptible" in preemptible
+    assert spot[:2] == ["gcloud", "compute"] and "--autocheckpoint-enabled" not in spot
+
+
+def test_autocheckpoint_uses_the_alpha_track():
+    """AUTOCHECKPOINT=1 adds --autocheckpoint-enabled, which only gcloud's alpha track knows."""
+    [single] = gcloud_lines(make("tpu-create", "SPOT=1", "AUTOCHECKPOINT=1"))
+    assert single[:5] == ["gcloud", "alpha", "compute", "tpus", "tpu-vm"] and "--autocheckpoint-enabled" in single
+    assert "--spot" in single
+    [queued] = gcloud_lines(make("tpu-create", "QUEUED=1", "SPOT=1", "AUTOCHECKPOINT=1"))
+    assert queued[:5] == ["gcloud", "alpha", "compute", "tpus", "queued-resources"]
+    assert "--autocheckpoint-enabled" in queued
 
 
 def test_queued_resource():
@@ -137,8 +148,7 @@ def test_queued_resource():
 
 @pytest.mark.parametrize(
     "target, verb",
-    [("tpu-list", "list"), ("tpu-ssh", "ssh"), ("tpu-stop", "stop"), ("tpu-start", "start"),
-     ("tpu-delete", "delete")],
+    [("tpu-list", "list"), ("tpu-ssh", "ssh"), ("tpu-stop", "stop"), ("tpu-start", "start"), ("tpu-delete", "delete")],
 )
 def test_lifecycle_commands(target, verb):
     [command] = gcloud_lines(make(target))
@@ -175,19 +185,26 @@ def test_copy_reaches_every_worker_without_local_folders():
 def test_copy_archive_leaves_out_local_folders(tmp_path):
     """The tar command that tpu-copy prints, run for real, keeps code and drops .venv/data/runs."""
     project = tmp_path / "project"
-    for path in ("src/pkg/data/__init__.py", "src/pkg/train.py", ".venv/bin/python", "data/x.jpg",
-                 "runs/a/ckpt", "configs/tpu.yaml"):
+    secrets = ("sa-key.json", "credentials.json", "configs/application_default_credentials.json", ".env", ".env.local")
+    for path in (
+        "src/pkg/data/__init__.py",
+        "src/pkg/train.py",
+        ".venv/bin/python",
+        "data/x.jpg",
+        "runs/a/ckpt",
+        "configs/tpu.yaml",
+        *secrets,
+    ):
         (project / path).parent.mkdir(parents=True, exist_ok=True)
         (project / path).write_text("x")
     archive = tmp_path / "code.tar.gz"
-    [tar] = [shlex.split(line) for line in make("tpu-copy", f"COPY_ARCHIVE={archive}")
-             if line.startswith("tar ")]
+    [tar] = [shlex.split(line) for line in make("tpu-copy", f"COPY_ARCHIVE={archive}") if line.startswith("tar ")]
     subprocess.run(tar, cwd=project, check=True)
-    names = subprocess.run(["tar", "-tzf", str(archive)], capture_output=True, text=True,
-                           check=True).stdout.split()
+    names = subprocess.run(["tar", "-tzf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
     assert "./src/pkg/train.py" in names and "./src/pkg/data/__init__.py" in names
     assert "./configs/tpu.yaml" in names
     assert not [name for name in names if name.startswith(("./.venv", "./data", "./runs"))]
+    assert not [name for name in names if name[2:] in secrets]  # keys never reach the workers
 
 
 def test_pod_train_cleans_every_worker_then_trains_from_worker_0():
@@ -198,30 +215,32 @@ def test_pod_train_cleans_every_worker_then_trains_from_worker_0():
         assert flag(command, "project") == GCP_PROJECT
         assert flag(command, "zone") == ZONE
     assert "scripts/tpu_cleanup.sh --restart-runtime" in flag(cleanup, "command")
-    assert f"scripts/pod_train.sh {TPU_NAME} configs/pod.yaml train.total_steps=5" in flag(
-        start, "command"
-    )
+    assert f"scripts/pod_train.sh {TPU_NAME} configs/pod.yaml train.total_steps=5" in flag(start, "command")
 
 
 def test_pod_train_refuses_a_single_host():
-    result = subprocess.run(_make_command() + ["pod-train", "TPU_TYPE=v4-8"], cwd=ROOT,
-                            env=_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        _make_command() + ["pod-train", "TPU_TYPE=v4-8"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "single host" in result.stderr
 
 
 def _script(*args: str, **env: str) -> list[str]:
-    result = subprocess.run(["bash", *args], cwd=ROOT, env=_env(**env), capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(["bash", *args], cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
 
 def test_pod_worker_0_runs_the_client_with_the_tpu_name():
-    lines = _script("scripts/pod_train.sh", "my-slice", "configs/pod.yaml", "train.total_steps=5",
-                    POD_WORKER="0")
+    lines = _script("scripts/pod_train.sh", "my-slice", "configs/pod.yaml", "train.total_steps=5", POD_WORKER="0")
     [train] = [shlex.split(line) for line in lines if "pod-train" in line]
-    inner = train[train.index("--") + 1:]
+    inner = train[train.index("--") + 1 :]
     assert inner[:3] == ["env", "TPU_NAME=my-slice", "TPU_LOAD_LIBRARY=0"]
     assert inner[3:6] == ["make", "train", "CONFIG=configs/pod.yaml"]
     assert "ARGS=runtime.tpu=my-slice train.total_steps=5" in inner
@@ -246,7 +265,7 @@ def test_train_bg_runs_make_train_in_tmux_with_a_log():
     command = shlex.split(line)
     assert command[:5] == ["tmux", "new-session", "-d", "-s", "train"]
     assert "logs/train.log" in command
-    inner = command[command.index("--") + 1:]
+    inner = command[command.index("--") + 1 :]
     assert inner[:2] == ["make", "train"]
     assert "ARGS=train.total_steps=5" in inner
     [follow] = make("logs")

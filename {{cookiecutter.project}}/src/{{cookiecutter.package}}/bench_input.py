@@ -3,16 +3,21 @@ against training on synthetic data already in memory, all measured in this one r
 
     make bench            # python -m {{ cookiecutter.package }}.bench_input --config configs/local.yaml
 
-- optimized: input_pipeline.make_dataset (interleaved reads, batched vectorised parse, prefetch)
+- the data: bytes per example in the shards (what the host reads per example) and their format
+- optimized: input_pipeline.make_dataset for training (interleaved reads, batched parse with the
+  task's decoding and augmentation, prefetch), in examples/s of this host
 - naive: one file after another, parse one example at a time, no parallelism, no prefetch
-- training steps/s on synthetic data (the ceiling the input must keep up with) and on real data.
+- training steps/s on synthetic data (the ceiling the input must keep up with) and on real data;
+  the optimized input's examples/s over synthetic training's: below 1 the host cannot keep up.
 If real-data training is more than 10% slower than synthetic, the input is the bottleneck.
+Fewer train shards than parallel reads (one shard: nothing to interleave) are pointed out.
 The last line is JSON.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Sequence
@@ -20,7 +25,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, features, input_pipeline
+from . import distribute, input_pipeline, tasks, topology
 from . import steps_per_execution as spe_lib
 from .errors import run_cli
 from .model import build_model, compile_model, set_precision
@@ -38,11 +43,12 @@ def examples_per_second(dataset: tf.data.Dataset, batch_size: int, min_seconds: 
     return batches * batch_size / (time.perf_counter() - started)
 
 
-def naive_dataset(files: list[str], image_size: int, batch_size: int, compression: str) -> tf.data.Dataset:
+def naive_dataset(files: list[str], manifest: dict, batch_size: int, compression: str) -> tf.data.Dataset:
     """What a first version often looks like: sequential reads, per-example parsing, no prefetch."""
+
     def parse_one(record):
-        images, labels = features.parse_batch(tf.expand_dims(record, 0), image_size)
-        return images[0], labels[0]
+        inputs, labels = tasks.current().parse_batch(tf.expand_dims(record, 0), manifest, training=True)
+        return tf.nest.map_structure(lambda tensor: tensor[0], inputs), labels[0]
 
     options = tf.data.Options()
     options.autotune.enabled = False
@@ -56,46 +62,101 @@ def training_steps_per_second(model, dataset, steps_per_execution: int, min_seco
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, lambda parser: parser.add_argument(
-        "--seconds", type=float, default=3.0, help="minimum time per measurement"))
+    cfg, args = config_lib.command_line(
+        __doc__.split("\n\n")[0],
+        argv,
+        lambda parser: parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
+    )
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
     set_precision(cfg.runtime.mixed_precision)
     files, counts = input_pipeline.split_files(cfg.data.dir, manifest, "train")
-    size, batch, compression = manifest["image_size"], cfg.train.global_batch_size, manifest.get("compression", "none")
-    print(f"{resolved.describe()}; {len(files)} train shards, global batch {batch}, {size}px", flush=True)
+    batch, compression = cfg.train.global_batch_size, manifest.get("compression", "none")
+    train = manifest["splits"]["train"]
+    bytes_per_example = train["bytes"] / max(train["num_examples"], 1)
+    print(
+        f"{resolved.describe()}; {len(files)} train shards, global batch {batch}, "
+        f"{tasks.current().describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
+        flush=True,
+    )
+    # Parallel reads need files to read in parallel: interleave opens at most one reader per file.
+    parallel_reads = min(os.cpu_count() or 1, topology.SHARDS_PER_HOST)
+    if len(files) < parallel_reads:
+        what = (
+            "nothing to interleave, one file is read at a time"
+            if len(files) == 1
+            else (f"at most {len(files)} files are read at a time")
+        )
+        print(
+            f"note: {len(files)} train shard{'s' if len(files) > 1 else ''} for {os.cpu_count()} host cores: "
+            f"{what}; write more with `make preprocess PREPROCESS_ARGS=--num_shards="
+            f"{topology.SHARDS_PER_HOST * resolved.hosts}`",
+            flush=True,
+        )
 
     optimized = examples_per_second(
-        input_pipeline.make_dataset(files, counts, size, batch, training=True, compression=compression,
-                                    shuffle_buffer=cfg.data.shuffle_buffer), batch, args.seconds)
+        input_pipeline.make_dataset(
+            files,
+            counts,
+            manifest,
+            batch,
+            training=True,
+            compression=compression,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+        ),
+        batch,
+        args.seconds,
+    )
     print(f"input, optimized : {optimized:10.1f} examples/s", flush=True)
-    naive = examples_per_second(naive_dataset(files, size, batch, compression), batch, args.seconds)
+    naive = examples_per_second(naive_dataset(files, manifest, batch, compression), batch, args.seconds)
     print(f"input, naive     : {naive:10.1f} examples/s   speedup {optimized / naive:.2f}x", flush=True)
 
     spe = cfg.train.steps_per_execution if isinstance(cfg.train.steps_per_execution, int) else 4
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg.model, size, manifest["num_classes"]), cfg.train, spe)
+        model = compile_model(build_model(cfg, manifest), cfg.train, spe)
     per_replica = batch // resolved.replicas
 
     def synthetic(context):
-        images = tf.random.uniform([per_replica, size, size, 3], maxval=256, dtype=tf.int32)
-        labels = tf.random.uniform([per_replica], maxval=manifest["num_classes"], dtype=tf.int32)
-        return tf.data.Dataset.from_tensors((tf.cast(images, tf.uint8), labels)).repeat()
+        return tf.data.Dataset.from_tensors(tasks.current().synthetic_batch(per_replica, manifest)).repeat()
 
     synthetic_rate = training_steps_per_second(
-        model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, args.seconds)
-    print(f"training, synthetic data: {synthetic_rate:8.2f} steps/s (spe {spe})", flush=True)
+        model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, args.seconds
+    )
+    print(
+        f"training, synthetic data: {synthetic_rate:8.2f} steps/s (spe {spe}) = {synthetic_rate * batch:.1f} "
+        f"examples/s; the input supplies {optimized / (synthetic_rate * batch):.2f}x that",
+        flush=True,
+    )
     real_dataset, _ = input_pipeline.distributed_dataset(
-        resolved.strategy, cfg.data.dir, manifest, "train", batch, training=True, shuffle_buffer=cfg.data.shuffle_buffer)
+        resolved.strategy, cfg.data.dir, manifest, "train", batch, training=True, shuffle_buffer=cfg.data.shuffle_buffer
+    )
     real_rate = training_steps_per_second(model, real_dataset, spe, args.seconds)
     input_bound = real_rate < INPUT_BOUND_MARGIN * synthetic_rate
-    print(f"training, real data     : {real_rate:8.2f} steps/s -> "
-          f"{'INPUT-BOUND: speed up the input (more shards, larger interleave, cache)' if input_bound else 'not input-bound'}",
-          flush=True)
-    print(json.dumps({"optimized_examples_per_s": round(optimized, 1), "naive_examples_per_s": round(naive, 1),
-                      "speedup": round(optimized / naive, 2), "train_steps_per_s_synthetic": round(synthetic_rate, 2),
-                      "train_steps_per_s_real": round(real_rate, 2), "input_bound": input_bound}))
+    print(
+        f"training, real data     : {real_rate:8.2f} steps/s -> "
+        + (
+            "INPUT-BOUND: speed up the input (more shards, larger interleave, cache)"
+            if input_bound
+            else "not input-bound"
+        ),
+        flush=True,
+    )
+    print(
+        json.dumps(
+            {
+                "bytes_per_example": round(bytes_per_example),
+                "train_shards": len(files),
+                "optimized_examples_per_s": round(optimized, 1),
+                "naive_examples_per_s": round(naive, 1),
+                "speedup": round(optimized / naive, 2),
+                "train_steps_per_s_synthetic": round(synthetic_rate, 2),
+                "train_steps_per_s_real": round(real_rate, 2),
+                "input_over_synthetic_training": round(optimized / (synthetic_rate * batch), 2),
+                "input_bound": input_bound,
+            }
+        )
+    )
     return 0
 
 

@@ -1,9 +1,10 @@
-"""Times the Beam preprocessing pipeline against a plain single-process loop on the same images.
+"""Times the Beam preprocessing pipeline against a plain single-process loop on the same data.
 
-    python -m {{ cookiecutter.package }}.bench_preprocess --input data/raw --config configs/local.yaml
+    python -m {{ cookiecutter.package }}.bench_preprocess --input data/raw --config configs/local.yaml [key=value ...]
 
-Both do the same work with the same functions (`preprocess.load_image`, `features.encode`,
-`preprocess.write_tfrecords`) and write the same shards, each to its own temporary folder:
+Both do the same work with the same functions (the task's `read_raw`, `fit` and `encode`,
+`preprocess.write_tfrecords`) and write the same shards, each to its own temporary folder; a
+raw input the task rejects is skipped by both, as preprocessing does:
 
 - beam: `preprocess.main` on the in-process FnApiRunner with one worker (what `make preprocess`
   runs locally), listing and the final rename and manifest included;
@@ -11,8 +12,8 @@ Both do the same work with the same functions (`preprocess.load_image`, `feature
 - beam_multi (unless --no_multi): the same pipeline with --direct_num_workers=N in
   multi_processing mode, whose worker processes each import TensorFlow first (counted).
 
-The small sample folder is too quick to time reliably, so when it holds fewer than --min_images
-images its files are copied, under new names, into a temporary folder until there are enough
+The small sample folder is too quick to time reliably, so when it holds fewer than --min_files
+files its files are copied, under new names, into a temporary folder until there are enough
 (copies decode exactly like the originals; nothing is downloaded).
 
 The last line printed is JSON: {"beam_records_per_s", "plain_records_per_s", "ratio", ...}.
@@ -31,56 +32,89 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from apache_beam.io.filesystems import FileSystems
-
 from . import config as config_lib
-from . import features, preprocess
+from . import preprocess, tasks
 from .errors import UserError, run_cli
+from .task import RawRejection, Rejected
 
 
-def replicate(input_root: str, min_images: int, destination: Path) -> tuple[str, int]:
-    """(folder with at least `min_images` image files, how many): `input_root` itself when it has
+def replicate(input_root: str, min_files: int, destination: Path) -> tuple[str, int]:
+    """(folder with at least `min_files` raw files, how many): `input_root` itself when it has
     enough, else copies of its files (renamed `<stem>_copyN<ext>`) under `destination`."""
-    paths, _, _ = preprocess.list_images(input_root)
-    if len(paths) >= min_images:
+    paths = tasks.current().list_raw(input_root).units
+    if len(paths) >= min_files:
         return input_root, len(paths)
-    copies = math.ceil(min_images / len(paths))
-    print(f"{len(paths)} images in {input_root}: copying them {copies}x into {destination} "
-          f"(--min_images {min_images})", flush=True)
+    copies = math.ceil(min_files / len(paths))
+    print(
+        f"{len(paths)} files in {input_root}: copying them {copies}x into {destination} (--min_files {min_files})",
+        flush=True,
+    )
     for relative in paths:
-        with FileSystems.open(preprocess.join(input_root, relative)) as handle:
-            data = handle.read()
-        label, name = relative.split("/", 1)
+        data = preprocess.read_file(preprocess.join(input_root, relative))
+        folder, _, name = relative.rpartition("/")
         stem, dot, extension = name.rpartition(".")
-        (destination / label).mkdir(parents=True, exist_ok=True)
+        (destination / folder).mkdir(parents=True, exist_ok=True)
         for copy in range(copies):
-            (destination / label / f"{stem}_copy{copy}{dot}{extension}").write_bytes(data)
+            (destination / folder / f"{stem}_copy{copy}{dot}{extension}").write_bytes(data)
     return str(destination), len(paths) * copies
 
 
-def plain_loop(input_root: str, output: str, image_size: int, eval_fraction: float,
-               num_shards: int, compression: str) -> int:
+def read_all(input_root: str, eval_fraction: float) -> list:
+    """(split, RawExample) of every readable raw example, in listing order."""
+    task = tasks.current()
+    examples = []
+    listing = task.list_raw(input_root)
+    for relative in listing.units:
+        data = preprocess.read_file(preprocess.locate(listing.root or input_root, relative))
+        for item in task.read_raw(relative, data):
+            if not isinstance(item, RawRejection):
+                examples.append((item.split or preprocess.split_of(item.source, eval_fraction), item))
+    return examples
+
+
+def plain_loop(input_root: str, output: str, data, num_shards: int, compression: str) -> int:
     """The same work as the pipeline, in one process; returns the number of records written."""
-    paths, labels, _ = preprocess.list_images(input_root)
-    label_index = {name: index for index, name in enumerate(labels)}
+    task = tasks.current()
+    examples = read_all(input_root, data.eval_fraction)
+    labels = sorted({example.label for _, example in examples})
+    artifacts = {}
+    if task.needs_fit:
+        keyed = sorted(
+            (preprocess._hash_unit(example.source, b"fit:"), example.payload)
+            for split, example in examples
+            if split == "train"
+        )
+        artifacts = preprocess.fit_artifacts(keyed[: task.fit_sample_size(data)], task, data, output)
     by_shard = defaultdict(list)
-    for relative in paths:
-        with FileSystems.open(preprocess.join(input_root, relative)) as handle:
-            data = handle.read()
+    for split, example in examples:
         try:
-            pixels = preprocess.load_image(data, image_size)
-        except Exception:  # rejected, as in the pipeline
+            record, _ = task.encode(example, labels.index(example.label), data, artifacts)
+        except Rejected:  # rejected, as in the pipeline
             continue
-        record = features.encode(pixels, label_index[relative.split("/", 1)[0]])
-        split = preprocess.split_of(relative, eval_fraction)
-        by_shard[(split, preprocess.shard_of(relative, num_shards))].append(record)
+        by_shard[(split, preprocess.shard_of(example.source, num_shards))].append(
+            (preprocess.order_key(example.source), record)
+        )
     os.makedirs(output, exist_ok=True)
     written = 0
     for (split, shard), records in sorted(by_shard.items()):
-        # `paths` is sorted, so each shard's records are already in sorted path order.
         name = f"{split}-{shard:05d}-of-{num_shards:05d}{preprocess.shard_suffix(compression)}"
-        written += preprocess.write_tfrecords(preprocess.join(output, name), records, compression)[0]
+        ordered = (record for _, record in sorted(records))
+        written += preprocess.write_tfrecords(preprocess.join(output, name), ordered, compression)[0]
     return written
+
+
+def warm_up(input_root: str, data) -> None:
+    """Imports and first-use costs (TensorFlow's protos, decoders) paid before timing, on the
+    first example the task accepts: a rejected one is skipped, as preprocessing does."""
+    task = tasks.current()
+    for _, example in read_all(input_root, data.eval_fraction)[:50]:
+        try:
+            task.encode(example, 0, data, {})
+            return
+        except Rejected:
+            continue
+        except Exception:  # needs the fitted artifacts (a tokenizer): the timed runs pay alike
+            return
 
 
 def timed(label: str, function, *args) -> tuple[float, object]:
@@ -90,11 +124,24 @@ def timed(label: str, function, *args) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def run_beam(input_root: str, output: str, image_size: int, eval_fraction: float, num_shards: int,
-             compression: str, *beam_args: str) -> int:
-    status = preprocess.main(["--input", input_root, "--output", output, "--image_size", str(image_size),
-                              "--eval_fraction", str(eval_fraction), "--num_shards", str(num_shards),
-                              "--compression", compression, "--runner=FnApiRunner", *beam_args])
+def run_beam(
+    input_root: str, output: str, data, num_shards: int, compression: str, overrides: Sequence[str], *beam_args: str
+) -> int:
+    status = preprocess.main(
+        [
+            "--input",
+            input_root,
+            "--output",
+            output,
+            "--num_shards",
+            str(num_shards),
+            "--compression",
+            compression,
+            "--runner=FnApiRunner",
+            *overrides,
+            *beam_args,
+        ]
+    )
     if status:
         raise RuntimeError(f"the pipeline exited with status {status}")
     with open(os.path.join(output, preprocess.MANIFEST)) as handle:
@@ -104,58 +151,76 @@ def run_beam(input_root: str, output: str, image_size: int, eval_fraction: float
 
 def same_shards(first: str, second: str) -> bool:
     """Whether two output folders hold byte-identical shard files."""
+
     def shards(folder):
         return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*.tfrecord*"))}
+
     return shards(first) == shards(second)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", required=True, help="image folder RAW/<label>/<image> (local)")
-    parser.add_argument("--config", help="config file whose data.image_size and data.eval_fraction to use")
-    parser.add_argument("--image_size", type=int, help="override data.image_size")
-    parser.add_argument("--min_images", type=int, default=6000,
-                        help="replicate the input's images into a temporary folder up to this many")
+    parser.add_argument("--input", required=True, help=f"raw data, {tasks.current().raw_format} (local)")
+    parser.add_argument("--config", help="config file whose data.* keys to use")
+    parser.add_argument(
+        "--min_files",
+        type=int,
+        default=6000,
+        help="replicate the input's files into a temporary folder up to this many",
+    )
     parser.add_argument("--num_shards", type=int, default=4, help="shards per split, for both")
     parser.add_argument("--compression", choices=("none", "gzip"), default="none")
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
-                        help="worker processes of the multi-worker Beam run")
+    parser.add_argument(
+        "--workers", type=int, default=min(4, os.cpu_count() or 1), help="worker processes of the multi-worker Beam run"
+    )
     parser.add_argument("--no_multi", action="store_true", help="skip the multi-worker Beam run")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="alternate beam and plain this many times and keep each one's best time")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="alternate beam and plain this many times and keep each one's best time"
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. data.eval_fraction=0.2")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.input):
-        raise UserError(f"{args.input} is not a local folder; run `make data` or point RAW at an image folder")
+        raise UserError(
+            f"{args.input} is not a local folder; run `make data` or point RAW at {tasks.current().raw_format}"
+        )
 
-    data = config_lib.load(args.config).data
-    image_size = args.image_size or data.image_size
+    data = config_lib.load(args.config, args.overrides).data
+    overrides = [
+        f"data.{key}={value}" for key, value in config_lib.dataclasses.asdict(data).items() if key not in ("dir",)
+    ]
     with tempfile.TemporaryDirectory(prefix="bench_preprocess-") as scratch:
         scratch = Path(scratch)
         (scratch / "raw").mkdir()
-        input_root, images = replicate(args.input, args.min_images, scratch / "raw")
-        # Not timed: TensorFlow's import (features.encode's protos) and PIL's plugins, which the
+        input_root, files = replicate(args.input, args.min_files, scratch / "raw")
+        # Not timed: TensorFlow's import (the Example protos) and the decoders' plugins, which the
         # in-process Beam runner and the loop would otherwise pay for unequally.
-        sample = preprocess.list_images(input_root)[0][0]
-        with open(os.path.join(input_root, sample), "rb") as handle:
-            features.encode(preprocess.load_image(handle.read(), image_size), 0)
-        common = (image_size, data.eval_fraction, args.num_shards, args.compression)
-        print(f"{images} image files, image size {image_size}, {args.num_shards} shards per split, "
-              f"compression {args.compression}", flush=True)
+        warm_up(input_root, data)
+        common = (data, args.num_shards, args.compression)
+        print(f"{files} raw files, {args.num_shards} shards per split, compression {args.compression}", flush=True)
 
         beam_times, plain_times = [], []
         for repeat in range(1, max(1, args.repeats) + 1):
             # Alternated, so that a burst of load on a shared machine does not favour one side.
-            seconds, beam_records = timed(f"beam, FnApiRunner, 1 worker (run {repeat})", run_beam, input_root,
-                                          str(scratch / "beam"), *common, "--direct_num_workers=1")
+            seconds, beam_records = timed(
+                f"beam, FnApiRunner, 1 worker (run {repeat})",
+                run_beam,
+                input_root,
+                str(scratch / "beam"),
+                *common,
+                overrides,
+                "--direct_num_workers=1",
+            )
             beam_times.append(seconds)
-            seconds, plain_records = timed(f"plain loop, 1 process (run {repeat})", plain_loop, input_root,
-                                           str(scratch / "plain"), *common)
+            seconds, plain_records = timed(
+                f"plain loop, 1 process (run {repeat})", plain_loop, input_root, str(scratch / "plain"), *common
+            )
             plain_times.append(seconds)
             print(f"   beam {beam_times[-1]:.2f}s, plain {plain_times[-1]:.2f}s", flush=True)
         beam_s, plain_s = min(beam_times), min(plain_times)
         if beam_records != plain_records or not same_shards(scratch / "beam", scratch / "plain"):
-            raise RuntimeError(f"beam and the plain loop wrote different shards "
-                               f"({beam_records} vs {plain_records} records)")
+            raise RuntimeError(
+                f"beam and the plain loop wrote different shards ({beam_records} vs {plain_records} records)"
+            )
         figures = {
             "beam_records_per_s": round(beam_records / beam_s, 1),
             "plain_records_per_s": round(plain_records / plain_s, 1),
@@ -163,37 +228,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             "records": beam_records,
             "beam_s": round(beam_s, 2),
             "plain_s": round(plain_s, 2),
-            "image_size": image_size,
         }
-        print(f"best of {len(beam_times)}: beam {beam_s:.2f}s ({figures['beam_records_per_s']:.0f} records/s), "
-              f"plain {plain_s:.2f}s ({figures['plain_records_per_s']:.0f} records/s): "
-              f"beam runs at {figures['ratio']:.2f}x the plain loop, identical shards", flush=True)
+        print(
+            f"best of {len(beam_times)}: beam {beam_s:.2f}s ({figures['beam_records_per_s']:.0f} records/s), "
+            f"plain {plain_s:.2f}s ({figures['plain_records_per_s']:.0f} records/s): "
+            f"beam runs at {figures['ratio']:.2f}x the plain loop, identical shards",
+            flush=True,
+        )
 
         if not args.no_multi and args.workers > 1:
             multi_s, multi_records = timed(
-                f"beam, FnApiRunner, {args.workers} worker processes", run_beam, input_root,
-                str(scratch / "beam_multi"), *common, f"--direct_num_workers={args.workers}",
-                "--direct_running_mode=multi_processing")
+                f"beam, FnApiRunner, {args.workers} worker processes",
+                run_beam,
+                input_root,
+                str(scratch / "beam_multi"),
+                *common,
+                overrides,
+                f"--direct_num_workers={args.workers}",
+                "--direct_running_mode=multi_processing",
+            )
             identical = same_shards(scratch / "beam_multi", scratch / "plain")
             if not identical:  # e.g. protobuf map fields serialized in a per-process order
-                print("WARNING: the worker processes wrote different bytes than this process: the "
-                      "encoding is not deterministic across processes", flush=True)
-            figures.update({
-                "multi_identical_shards": identical,
-                "workers": args.workers,
-                "beam_multi_records_per_s": round(multi_records / multi_s, 1),
-                "beam_multi_s": round(multi_s, 2),
-                "multi_ratio": round(plain_s / multi_s, 3),
-            })
-            print(f"beam with {args.workers} worker processes {multi_s:.2f}s "
-                  f"({figures['beam_multi_records_per_s']:.0f} records/s): {figures['multi_ratio']:.2f}x "
-                  f"the plain loop (on {os.cpu_count()} CPUs; each worker imports TensorFlow first)", flush=True)
+                print(
+                    "WARNING: the worker processes wrote different bytes than this process: the "
+                    "encoding is not deterministic across processes",
+                    flush=True,
+                )
+            figures.update(
+                {
+                    "multi_identical_shards": identical,
+                    "workers": args.workers,
+                    "beam_multi_records_per_s": round(multi_records / multi_s, 1),
+                    "beam_multi_s": round(multi_s, 2),
+                    "multi_ratio": round(plain_s / multi_s, 3),
+                }
+            )
+            print(
+                f"beam with {args.workers} worker processes {multi_s:.2f}s "
+                f"({figures['beam_multi_records_per_s']:.0f} records/s): {figures['multi_ratio']:.2f}x "
+                f"the plain loop (on {os.cpu_count()} CPUs; each worker imports TensorFlow first)",
+                flush=True,
+            )
     print(json.dumps(figures))
     return 0
 
 
 if __name__ == "__main__":
-    import logging
-
-    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    preprocess.quiet_beam_logging()
     run_cli(main, sys.argv[1:])

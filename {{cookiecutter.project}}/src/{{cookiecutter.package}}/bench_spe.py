@@ -23,17 +23,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
     cfg.train.steps_per_execution = "auto"
     resolved = distribute.resolve(cfg.runtime)
-    print(resolved.describe(), flush=True)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
     set_precision(cfg.runtime.mixed_precision)
     chosen, measurements = choose_steps_per_execution(cfg, resolved, manifest)
     rate = {m.steps_per_execution: m.steps_per_second for m in measurements}
     best = max(rate.values())
-    print(f"chosen {chosen}: {rate[chosen] / best:.2f}x the fastest, {rate[chosen] / rate[1]:.2f}x steps_per_execution=1")
-    print(json.dumps({"chosen": chosen, "chosen_steps_per_s": round(rate[chosen], 2), "best_steps_per_s": round(best, 2),
-                      "spe1_steps_per_s": round(rate[1], 2),
-                      "candidates": {str(k): round(v, 2) for k, v in rate.items()}}))
+    print(
+        f"chosen {chosen}: {rate[chosen] / best:.2f}x the fastest, {rate[chosen] / rate[1]:.2f}x steps_per_execution=1"
+    )
+    print(
+        json.dumps(
+            {
+                "chosen": chosen,
+                "chosen_steps_per_s": round(rate[chosen], 2),
+                "best_steps_per_s": round(best, 2),
+                "spe1_steps_per_s": round(rate[1], 2),
+                "candidates": {str(k): round(v, 2) for k, v in rate.items()},
+            }
+        )
+    )
     return 0
 
 

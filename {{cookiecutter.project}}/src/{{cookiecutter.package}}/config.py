@@ -13,11 +13,13 @@ import difflib
 import logging
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Sequence, Union
+from typing import Any, Literal, Sequence, Union
 
 import yaml
 
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(UserError):
@@ -26,32 +28,26 @@ class ConfigError(UserError):
 
 @dataclass
 class DataConfig:
+    """The `data:` keys every task shares; a task's own data config adds its keys (tasks/)."""
+
     dir: str = "data/tfrecords"
     """Directory (local path or gs://) holding the TFRecord shards and manifest.json."""
-    image_size: int = 32
-    """Side in pixels that preprocessing resizes images to; training checks the manifest agrees."""
     eval_fraction: float = 0.1
-    """Share of examples that the stable hash of the relative path sends to the eval split."""
+    """Share of examples that the stable hash of their source sends to the eval split."""
     shuffle_buffer: int = 2048
     """Examples held in each input pipeline's shuffle buffer (training only)."""
-
-
-@dataclass
-class ModelConfig:
-    widths: list = field(default_factory=lambda: [32, 64, 128])
-    """Channels of each residual stage; each stage after the first halves the resolution.
-    On a TPU use multiples of 128: the MXU multiplies 128x128 tiles and pads anything else."""
-    blocks_per_stage: int = 1
-    """Residual blocks in each stage."""
-    sync_batch_norm: bool = False
-    """Compute batch-norm statistics across all replicas instead of per replica. Worth it when
-    the per-replica batch is small (under ~32), at the cost of one all-reduce per layer."""
 
 
 @dataclass
 class TrainConfig:
     global_batch_size: int = 128
     """Examples per step across all replicas; must divide evenly by the number of replicas."""
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    """`sgd` (Nesterov momentum: convolutional nets) or `adamw` (Transformers)."""
+    gradient_accumulation_steps: int = 1
+    """Global batches whose mean gradient makes one optimizer update: the effective batch is
+    global_batch_size x this (when TPU memory caps the batch). The learning-rate scaling, warm-up
+    and total_steps count optimizer updates of the effective batch."""
     base_learning_rate: float = 0.1
     """Learning rate at `base_batch_size`; the rate used is scaled linearly to the global batch."""
     base_batch_size: int = 256
@@ -60,16 +56,23 @@ class TrainConfig:
     """Steps of linear warm-up from 0 to the scaled learning rate; cosine decay to 0 follows."""
     total_steps: int = 600
     """Length of training in optimizer steps (the schedule and resume both count in steps)."""
-    steps_per_execution: Union[int, str] = "auto"
+    steps_per_execution: Union[int, Literal["auto"]] = "auto"
     """Training steps run per call into the device; `auto` measures candidates and picks one."""
     checkpoint_every: int = 100
     """Steps between checkpoints (a checkpoint is also written on SIGTERM and at the end)."""
+    eval_every: int = 0
+    """Steps between evaluations during training (logged to TensorBoard's eval run; the best one's
+    checkpoint is kept apart); 0 evaluates only at the end."""
+    max_seconds_per_execution: float = 5.0
+    """Upper bound on the time of one execution that `steps_per_execution: auto` may choose: a
+    preemption notice is acted on at the next execution boundary, and finishing the execution plus
+    saving a checkpoint must fit in the ~30 s a Spot TPU VM gets."""
     keep_checkpoints: int = 3
     """How many of the latest checkpoints to keep."""
     log_every: int = 50
     """Steps between console and TensorBoard logs; bounds `steps_per_execution` from above."""
     momentum: float = 0.9
-    """SGD momentum (Nesterov)."""
+    """SGD momentum (Nesterov); unused by adamw."""
     weight_decay: float = 0.0005
     """Decoupled weight decay applied by the optimizer."""
 
@@ -94,15 +97,28 @@ class RuntimeConfig:
     """Global seed for initialisation and shuffling."""
 
 
+def _task():
+    from . import tasks  # the task package is chosen by name; the core never names one
+
+    return tasks.current()
+
+
 @dataclass
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    data: Any = field(default_factory=lambda: _task().data_config())
+    """The shared DataConfig keys plus the task's (e.g. image_size or seq_len)."""
+    model: Any = field(default_factory=lambda: _task().model_config())
+    """The task's model keys."""
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Examples per optimizer update: the global batch times the accumulation steps."""
+        return self.train.global_batch_size * self.train.gradient_accumulation_steps
 
     def profile_window(self) -> tuple[int, int] | None:
         """The (start, stop) steps of `runtime.profile_steps`, or None."""
@@ -132,32 +148,69 @@ def _unknown_key(key: str, where: str) -> ConfigError:
     return ConfigError(f"unknown config key '{key}' {where}; {hint}")
 
 
-def _coerce(key: str, value: Any, kind: Any) -> Any:
-    """Checks `value` against the field's type, allowing the harmless conversions only."""
-    if kind == Union[int, str]:  # steps_per_execution: an integer or "auto"
-        if (isinstance(value, int) and not isinstance(value, bool)) or value == "auto":
+def _describe(kind: Any) -> str:
+    """How a type reads in an error message: 'an integer', 'a list of integers', ..."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Union:
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is Literal:
+        return " or ".join(repr(arg) for arg in args)
+    if origin is list:
+        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s" if args else "a list"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        kind, getattr(kind, "__name__", str(kind))
+    )
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _convert(value: Any, kind: Any) -> Any:
+    """`value` as `kind`, allowing only the harmless conversions; raises _Mismatch."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Union:
+        for arg in args:
+            try:
+                return _convert(value, arg)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is Literal:
+        if value in args:
             return value
-        raise ConfigError(f"{key} must be an integer or 'auto', got {value!r}")
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        raise _Mismatch
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        return [_convert(item, args[0]) for item in value] if args else list(value)
+    if isinstance(value, bool):  # YAML's true/false: only for bool fields, never a 1 or 0
+        if kind is bool:
+            return value
+        raise _Mismatch
+    if kind is int and isinstance(value, int):
+        return value
+    if kind is float and isinstance(value, (int, float)):
         return float(value)
     if kind is float and isinstance(value, str):
         try:  # YAML 1.1 reads 1e-3 (no dot) as a string
             return float(value)
         except ValueError:
-            pass
-    if kind is str and value is None:
-        return ""
-    if kind is int and isinstance(value, bool):
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    if kind is list and isinstance(value, (list, tuple)):
-        if not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
-            raise ConfigError(f"{key} must be a list of integers, got {value!r}")
-        return list(value)
-    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if not isinstance(value, kind):
-        raise ConfigError(f"{key} must be of type {kind.__name__}, got {value!r} ({type(value).__name__})")
-    return value
+            raise _Mismatch from None
+    if kind is str:
+        if value is None:
+            return ""
+        if isinstance(value, (str, int, float)):
+            return str(value)
+    raise _Mismatch
+
+
+def _coerce(key: str, value: Any, kind: Any) -> Any:
+    """Checks `value` against the field's type hint: the one conversion rule for every key."""
+    try:
+        return _convert(value, kind)
+    except _Mismatch:
+        raise ConfigError(f"{key} must be {_describe(kind)}, got {value!r}") from None
 
 
 def _set(config: Config, key: str, value: Any, where: str) -> None:
@@ -170,7 +223,7 @@ def _set(config: Config, key: str, value: Any, where: str) -> None:
 
 
 def validate(config: Config) -> Config:
-    """Checks the values that have rules beyond their type."""
+    """Checks the values that have rules beyond their type; the task's sections check their own."""
     rt, tr, data = config.runtime, config.train, config.data
     if rt.strategy not in STRATEGIES:
         raise ConfigError(f"runtime.strategy must be one of {', '.join(STRATEGIES)}, got {rt.strategy!r}")
@@ -180,28 +233,53 @@ def validate(config: Config) -> Config:
         parts = rt.profile_steps.split(",")
         if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) >= int(parts[1]):
             raise ConfigError(
-                f"runtime.profile_steps must be 'start,stop' with start < stop (e.g. '20,30'), got {rt.profile_steps!r}")
+                f"runtime.profile_steps must be 'start,stop' with start < stop (e.g. '20,30'), got {rt.profile_steps!r}"
+            )
         rt.profile_steps = ",".join(p.strip() for p in parts)
-    for key, value in (("train.global_batch_size", tr.global_batch_size), ("train.base_batch_size", tr.base_batch_size),
-                       ("train.total_steps", tr.total_steps), ("train.checkpoint_every", tr.checkpoint_every),
-                       ("train.log_every", tr.log_every), ("train.keep_checkpoints", tr.keep_checkpoints),
-                       ("runtime.cpu_devices", rt.cpu_devices), ("data.image_size", data.image_size),
-                       ("model.blocks_per_stage", config.model.blocks_per_stage)):
+    for key, value in (
+        ("train.global_batch_size", tr.global_batch_size),
+        ("train.base_batch_size", tr.base_batch_size),
+        ("train.total_steps", tr.total_steps),
+        ("train.checkpoint_every", tr.checkpoint_every),
+        ("train.log_every", tr.log_every),
+        ("train.keep_checkpoints", tr.keep_checkpoints),
+        ("runtime.cpu_devices", rt.cpu_devices),
+        ("train.gradient_accumulation_steps", tr.gradient_accumulation_steps),
+    ):
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
-    if not config.model.widths or min(config.model.widths) < 1:
-        raise ConfigError(f"model.widths must be a non-empty list of positive integers, got {config.model.widths}")
-    if tr.warmup_steps < 0 or tr.warmup_steps >= tr.total_steps:
-        raise ConfigError(
-            f"train.warmup_steps must be between 0 and train.total_steps-1 ({tr.total_steps - 1}), got {tr.warmup_steps}")
+    if tr.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps must be 0 or more, got {tr.warmup_steps}")
+    if tr.warmup_steps >= tr.total_steps:
+        # A short smoke run (train.total_steps=10) keeps the schedule's shape instead of failing:
+        # the warm-up takes a tenth of the run, and the log says so.
+        clamped = tr.total_steps // 10
+        log.warning(
+            "note: train.warmup_steps=%d is not shorter than train.total_steps=%d; warming up for %d "
+            "steps (a tenth of the run) instead",
+            tr.warmup_steps,
+            tr.total_steps,
+            clamped,
+        )
+        tr.warmup_steps = clamped
+    if tr.eval_every < 0:
+        raise ConfigError(f"train.eval_every must be 0 (only at the end) or a number of steps, got {tr.eval_every}")
+    if tr.max_seconds_per_execution <= 0:
+        raise ConfigError(f"train.max_seconds_per_execution must be positive, got {tr.max_seconds_per_execution}")
     if isinstance(tr.steps_per_execution, int) and tr.steps_per_execution < 1:
         raise ConfigError(f"train.steps_per_execution must be at least 1 or 'auto', got {tr.steps_per_execution}")
     if not 0.0 < data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction must be between 0 and 1 (exclusive), got {data.eval_fraction}")
+    if data.shuffle_buffer < 1:
+        raise ConfigError(f"data.shuffle_buffer must be at least 1, got {data.shuffle_buffer}")
     if tr.base_learning_rate <= 0:
         raise ConfigError(f"train.base_learning_rate must be positive, got {tr.base_learning_rate}")
     if not 0 <= rt.profiler_port < 65536:
         raise ConfigError(f"runtime.profiler_port must be a port number or 0, got {rt.profiler_port}")
+    for section in (config.data, config.model):
+        problem = section.problem() if hasattr(section, "problem") else None
+        if problem:
+            raise ConfigError(problem)
     return config
 
 
@@ -237,7 +315,9 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
             with open(path) as handle:
                 values = yaml.safe_load(handle) or {}
         except FileNotFoundError:
-            raise ConfigError(f"config file {path} not found; pick one from configs/ (e.g. configs/local.yaml)") from None
+            raise ConfigError(
+                f"config file {path} not found; pick one from configs/ (e.g. configs/local.yaml)"
+            ) from None
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
         if not isinstance(values, dict):

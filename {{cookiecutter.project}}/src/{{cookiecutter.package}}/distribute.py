@@ -9,51 +9,25 @@ the bugs that would otherwise first appear on a TPU.
 
 from __future__ import annotations
 
-import glob
+import functools
 import logging
 import os
-from dataclasses import dataclass
 
 import tensorflow as tf
 
+from . import topology
+from .topology import Target
 from .config import RuntimeConfig
 from .errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Resolved:
-    strategy: tf.distribute.Strategy
-    kind: str
-    """'tpu', 'gpu' or 'cpu'."""
-    replicas: int
-    hosts: int
-
-    def per_replica_batch_size(self, global_batch_size: int) -> int:
-        """The global batch split across replicas; it must divide evenly."""
-        if global_batch_size % self.replicas:
-            lower = global_batch_size // self.replicas * self.replicas
-            suggestions = " or ".join(str(v) for v in (lower, lower + self.replicas) if v > 0)
-            raise UserError(f"train.global_batch_size={global_batch_size} does not divide across {self.replicas} "
-                            f"replicas; use a multiple of {self.replicas}, e.g. {suggestions}")
-        return global_batch_size // self.replicas
-
-    def describe(self) -> str:
-        return (f"strategy: {type(self.strategy).__name__} on {self.kind.upper()}, "
-                f"{self.replicas} replicas, {self.hosts} host{'s' if self.hosts > 1 else ''}")
-
-
-def tpu_device_files() -> list[str]:
-    """TPU chips of this VM: /dev/accel* (v2-v4, v5p) or /dev/vfio/<n> (v5e, v6e)."""
-    return sorted(glob.glob("/dev/accel*") + [p for p in glob.glob("/dev/vfio/*") if p != "/dev/vfio/vfio"])
-
-
 def on_tpu_vm() -> bool:
-    return bool(tpu_device_files()) or os.environ.get("TPU_VM") == "1"
+    return bool(topology.tpu_device_files()) or os.environ.get("TPU_VM") == "1"
 
 
-def _tpu(runtime: RuntimeConfig) -> Resolved:
+def _tpu(runtime: RuntimeConfig) -> Target:
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=runtime.tpu)
         if runtime.tpu not in ("local", ""):
@@ -66,18 +40,30 @@ def _tpu(runtime: RuntimeConfig) -> Resolved:
         raise UserError(
             f"runtime.strategy=tpu but no TPU could be initialised (runtime.tpu={runtime.tpu!r}: {detail}); "
             "run on a TPU VM after `make setup`, check runtime.tpu (local, or the Pod slice's name), "
-            "or use runtime.strategy=auto") from None
+            "or use runtime.strategy=auto"
+        ) from None
     hosts = strategy.extended.num_hosts
-    return Resolved(strategy, "tpu", strategy.num_replicas_in_sync, hosts)
+    return Target("tpu", strategy.num_replicas_in_sync, hosts, f"runtime.tpu={runtime.tpu}", strategy=strategy)
 
 
-def _gpu() -> Resolved:
+@functools.lru_cache(maxsize=None)
+def _mirrored(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
+    """One MirroredStrategy per device set and process. Each strategy numbers its collective ops
+    from the same start, and TensorFlow caches a collective's shape by that number: a second
+    strategy over the same devices (a second run in one process, as in tests) would collide with
+    the first one's shapes."""
+    return tf.distribute.MirroredStrategy(list(devices))
+
+
+def _gpu() -> Target:
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
-        raise UserError("runtime.strategy=gpu but TensorFlow sees no GPU; check the CUDA install "
-                        "(nvidia-smi) or use runtime.strategy=auto")
-    strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
-    return Resolved(strategy, "gpu", strategy.num_replicas_in_sync, 1)
+        raise UserError(
+            "runtime.strategy=gpu but TensorFlow sees no GPU; check the CUDA install "
+            "(nvidia-smi) or use runtime.strategy=auto"
+        )
+    strategy = _mirrored(tuple(d.name for d in gpus))
+    return Target("gpu", strategy.num_replicas_in_sync, 1, strategy=strategy)
 
 
 def split_cpu(devices: int) -> None:
@@ -88,24 +74,27 @@ def split_cpu(devices: int) -> None:
         return
     try:
         tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(devices)])
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(devices)]
+        )
     except RuntimeError:
         have = len(tf.config.list_logical_devices("CPU"))
-        raise UserError(f"runtime.cpu_devices={devices} but TensorFlow already started with {have} CPU "
-                        "devices in this process; resolve the strategy before other TensorFlow work") from None
+        raise UserError(
+            f"runtime.cpu_devices={devices} but TensorFlow already started with {have} CPU "
+            "devices in this process; resolve the strategy before other TensorFlow work"
+        ) from None
 
 
-def _cpu(runtime: RuntimeConfig) -> Resolved:
+def _cpu(runtime: RuntimeConfig) -> Target:
     split_cpu(runtime.cpu_devices)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][: runtime.cpu_devices]
     if len(devices) == 1:
         strategy = tf.distribute.OneDeviceStrategy(devices[0])
     else:
-        strategy = tf.distribute.MirroredStrategy(devices)
-    return Resolved(strategy, "cpu", strategy.num_replicas_in_sync, 1)
+        strategy = _mirrored(tuple(devices))
+    return Target("cpu", strategy.num_replicas_in_sync, 1, strategy=strategy)
 
 
-def resolve(runtime: RuntimeConfig) -> Resolved:
+def resolve(runtime: RuntimeConfig) -> Target:
     """The strategy `runtime.strategy` asks for; logs what was found and chosen."""
     wanted = runtime.strategy
     if wanted == "auto":

@@ -22,21 +22,25 @@ from .errors import UserError, run_cli
 from .model import build_model, compile_model, set_precision
 
 
-
 def run_path(output_dir: str, *parts: str) -> str:
     return "/".join([output_dir.rstrip("/"), *parts])
 
 
 def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> dict:
     """Weighted accuracy and cross-entropy over the whole eval split, and its throughput."""
-    dataset, steps = input_pipeline.distributed_dataset(strategy, cfg.data.dir, manifest, "eval",
-                                                        cfg.train.global_batch_size, training=False)
+    dataset, steps = input_pipeline.distributed_dataset(
+        strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
+    )
     started = time.perf_counter()
     results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
     elapsed = time.perf_counter() - started
     examples = manifest["splits"]["eval"]["num_examples"]
-    return {"accuracy": float(results["accuracy"]), "loss": float(results["xent"]),
-            "eval_examples": examples, "eval_examples_per_second": examples / elapsed}
+    return {
+        "accuracy": float(results["accuracy"]),
+        "loss": float(results["xent"]),
+        "eval_examples": examples,
+        "eval_examples_per_second": examples / elapsed,
+    }
 
 
 def write_metrics(output_dir: str, metrics: dict) -> str:
@@ -58,15 +62,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
 
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     latest = tf.train.latest_checkpoint(run_path(cfg.runtime.output_dir, "checkpoints"))
     if latest is None:
-        raise UserError(f"no checkpoint in {run_path(cfg.runtime.output_dir, 'checkpoints')}; "
-                        "run `make train` first or set runtime.output_dir to a run directory")
+        raise UserError(
+            f"no checkpoint in {run_path(cfg.runtime.output_dir, 'checkpoints')}; "
+            "run `make train` first or set runtime.output_dir to a run directory"
+        )
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
     set_precision(cfg.runtime.mixed_precision)
     with resolved.strategy.scope():
-        model = build_model(cfg.model, manifest["image_size"], manifest["num_classes"])
+        model = build_model(cfg, manifest)
         compile_model(model, cfg.train, 1)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         checkpoint.restore(latest).expect_partial()
@@ -78,11 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as handle:
             previous = json.load(handle)
-    metrics = {**previous, **metrics, "global_step": step,
-               "examples_per_second": previous.get("examples_per_second", metrics["eval_examples_per_second"])}
+    metrics = {
+        **previous,
+        **metrics,
+        "global_step": step,
+        "examples_per_second": previous.get("examples_per_second", metrics["eval_examples_per_second"]),
+    }
     write_metrics(cfg.runtime.output_dir, metrics)
-    print(f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
-          f"on {metrics['eval_examples']} examples at step {step} -> {path}")
+    print(
+        f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
+        f"on {metrics['eval_examples']} examples at step {step} -> {path}"
+    )
     return 0
 
 

@@ -50,5 +50,6 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def from_config(train: TrainConfig) -> WarmupCosine:
-    peak = scaled_learning_rate(train.base_learning_rate, train.global_batch_size, train.base_batch_size)
+    effective_batch = train.global_batch_size * train.gradient_accumulation_steps
+    peak = scaled_learning_rate(train.base_learning_rate, effective_batch, train.base_batch_size)
     return WarmupCosine(peak, train.warmup_steps, train.total_steps)

@@ -4,7 +4,10 @@ Each call from Python into the device has a fixed cost (dispatch, and on a TPU t
 round trip); running several steps per call inside one compiled loop amortises it. Too large a
 value delays logging, checkpoints and the SIGTERM check, which all happen between executions.
 So: time each candidate (powers of four up to the logging/checkpoint interval) on the real model,
-strategy and input, and keep the smallest one within 5% of the fastest.
+strategy and input, and keep the smallest one within 5% of the fastest. Candidates whose execution
+would take longer than `train.max_seconds_per_execution` at the measured step time are not tried:
+a preemption notice waits for the current execution to finish, then for a checkpoint save, and
+both must fit in the ~30 s a Spot TPU VM gets.
 """
 
 from __future__ import annotations
@@ -50,11 +53,18 @@ def measure(model, iterator, steps_per_execution: int, min_seconds: float) -> Me
 def choose(measurements: list[Measurement]) -> Measurement:
     """The smallest candidate within TOLERANCE of the fastest."""
     best = max(m.steps_per_second for m in measurements)
-    return min((m for m in measurements if m.steps_per_second >= (1 - TOLERANCE) * best),
-               key=lambda m: m.steps_per_execution)
+    return min(
+        (m for m in measurements if m.steps_per_second >= (1 - TOLERANCE) * best), key=lambda m: m.steps_per_execution
+    )
 
 
-def calibrate(build_model: Callable, make_iterator: Callable, limit: int, min_seconds: float = 1.5):
+def calibrate(
+    build_model: Callable,
+    make_iterator: Callable,
+    limit: int,
+    min_seconds: float = 1.5,
+    max_seconds_per_execution: float | None = None,
+):
     """Times each candidate on a throwaway model; returns (chosen, all measurements).
 
     `build_model()` returns a compiled model (in the strategy's scope) and `make_iterator()` an
@@ -62,9 +72,14 @@ def calibrate(build_model: Callable, make_iterator: Callable, limit: int, min_se
     calibration steps never touch the weights that are trained.
     """
     model, iterator = build_model(), make_iterator()
-    measurements = []
+    measurements, cap = [], limit
     for value in candidates(limit):
+        if value > cap:
+            break
         measurements.append(measure(model, iterator, value, min_seconds))
+        if max_seconds_per_execution:
+            # Steps that fit in the time bound, at the latest (most amortised) measured rate.
+            cap = min(cap, max(1, int(max_seconds_per_execution * measurements[-1].steps_per_second)))
     chosen = choose(measurements)
     del model, iterator
     return chosen, measurements

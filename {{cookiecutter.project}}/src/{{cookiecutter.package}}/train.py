@@ -11,6 +11,7 @@ within one execution of `steps_per_execution` steps; a NaN loss stops the run wi
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import sys
@@ -20,11 +21,12 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, input_pipeline, schedule
+from . import distribute, input_pipeline, preemption, schedule, tasks
 from . import steps_per_execution as spe_lib
-from .evaluate import evaluate_model, run_path, write_eval_summaries, write_metrics
 from .errors import UserError, run_cli
+from .evaluate import evaluate_model, run_path, write_eval_summaries, write_metrics
 from .keras import keras
+from .topology import Target
 from .model import build_model, compile_model, set_precision
 
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
@@ -37,11 +39,25 @@ class TrainingMonitor(keras.callbacks.Callback):
     happens at the first execution boundary at or after its step.
     """
 
-    def __init__(self, cfg: config_lib.Config, manager: tf.train.CheckpointManager, writer, initial_step: int):
+    def __init__(
+        self,
+        cfg: config_lib.Config,
+        manager: tf.train.CheckpointManager,
+        writer,
+        initial_step: int,
+        evaluate=None,
+        best_manager: tf.train.CheckpointManager | None = None,
+    ):
         super().__init__()
         self.cfg, self.manager, self.writer = cfg, manager, writer
-        self.peak = schedule.scaled_learning_rate(cfg.train.base_learning_rate, cfg.train.global_batch_size,
-                                                  cfg.train.base_batch_size)
+        self.evaluate, self.best_manager = evaluate, best_manager
+        self.history: list[dict] = []
+        self.eval_seconds = 0.0
+        self.save_seconds: list[float] = []
+        self.stop_reason = ""
+        self.peak = schedule.scaled_learning_rate(
+            cfg.train.base_learning_rate, cfg.effective_batch_size, cfg.train.base_batch_size
+        )
         self.step = self.last_log_step = self.first_timed_step = initial_step
         self.last_log_time = self.first_timed_time = None
         self.profile_window = cfg.profile_window()
@@ -51,7 +67,15 @@ class TrainingMonitor(keras.callbacks.Callback):
         self.nan_step = None
 
     def request_stop(self, signum, frame) -> None:  # signal handler: only set a flag
-        self.preempted = True
+        self.preempted, self.stop_reason = True, "SIGTERM"
+
+    def notice(self, reason: str) -> None:  # from the metadata watcher's thread: only set a flag
+        self.preempted, self.stop_reason = True, reason
+
+    def save(self, step: int) -> None:
+        started = time.perf_counter()
+        self.manager.save(checkpoint_number=step)
+        self.save_seconds.append(time.perf_counter() - started)
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
@@ -66,32 +90,69 @@ class TrainingMonitor(keras.callbacks.Callback):
             self.model.stop_training = True
             return
         self._write_step_summaries(previous, step, logs)
-        if step // self.cfg.train.log_every > previous // self.cfg.train.log_every or step == self.cfg.train.total_steps:
+        if (
+            step // self.cfg.train.log_every > previous // self.cfg.train.log_every
+            or step == self.cfg.train.total_steps
+        ):
             self._log(step, logs, now)
         self._profile(step)
         if step // self.cfg.train.checkpoint_every > previous // self.cfg.train.checkpoint_every or self.preempted:
-            self.manager.save(checkpoint_number=step)
+            self.save(step)
         if self.preempted:
             self.model.stop_training = True
+            return
+        every = self.cfg.train.eval_every
+        if every and step // every > previous // every and step < self.cfg.train.total_steps:
+            self.periodic_evaluation(step)
+
+    def periodic_evaluation(self, step: int) -> None:
+        """The same exactly-once evaluation as at the end; the best one's checkpoint is kept apart
+        from the rotation of keep_checkpoints."""
+        started = time.perf_counter()
+        metrics = self.evaluate()
+        self.record_evaluation(step, metrics)
+        self.eval_seconds += time.perf_counter() - started
+        print(
+            f"eval at step {step}: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f}"
+            f"{'  (best so far)' if self.best()['step'] == step else ''}",
+            flush=True,
+        )
+        self.model.reset_metrics()  # evaluate() shares the compiled metrics with training
+
+    def record_evaluation(self, step: int, metrics: dict) -> None:
+        self.history.append({"step": step, "accuracy": metrics["accuracy"], "loss": metrics["loss"]})
+        write_eval_summaries(self.cfg.runtime.output_dir, metrics, step)
+        if self.best_manager is not None and self.best()["step"] == step:
+            self.best_manager.save(checkpoint_number=step)
+
+    def best(self) -> dict:
+        """The evaluation with the highest accuracy (the earliest among equals)."""
+        return max(self.history, key=lambda entry: entry["accuracy"])
 
     def _write_step_summaries(self, previous: int, step: int, logs: dict) -> None:
         with self.writer.as_default():
             # The schedule is a pure function of the step, so the rate of every step in the
             # execution is logged, not only the last one.
             for each in range(previous + 1, step + 1):
-                tf.summary.scalar("learning_rate", schedule.learning_rate_at(
-                    each, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps), step=each)
+                tf.summary.scalar(
+                    "learning_rate",
+                    schedule.learning_rate_at(each, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps),
+                    step=each,
+                )
             tf.summary.scalar("loss", logs["loss"], step=step)
             tf.summary.scalar("accuracy", logs["accuracy"], step=step)
 
     def _log(self, step: int, logs: dict, now: float) -> None:
         steps = step - self.last_log_step
         rate = steps / (now - self.last_log_time) if steps and now > self.last_log_time else float("nan")
-        examples = rate * self.cfg.train.global_batch_size
+        examples = rate * self.cfg.effective_batch_size
         self.last_log_step, self.last_log_time = step, now
         lr = schedule.learning_rate_at(step, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps)
-        print(f"step {step:6d}/{self.cfg.train.total_steps}  loss {logs['loss']:.4f}  accuracy {logs['accuracy']:.4f}  "
-              f"lr {lr:.5f}  {rate:7.2f} steps/s  {examples:9.1f} examples/s", flush=True)
+        print(
+            f"step {step:6d}/{self.cfg.train.total_steps}  loss {logs['loss']:.4f}  accuracy {logs['accuracy']:.4f}  "
+            f"lr {lr:.5f}  {rate:7.2f} steps/s  {examples:9.1f} examples/s",
+            flush=True,
+        )
         if math.isfinite(rate):
             with self.writer.as_default():
                 tf.summary.scalar("steps_per_second", rate, step=step)
@@ -116,20 +177,21 @@ class TrainingMonitor(keras.callbacks.Callback):
         if self.profiling:
             tf.profiler.experimental.stop()
             self.profiling = False
-            print(f"profile written to {run_path(self.cfg.runtime.output_dir, 'logs', 'plugins', 'profile')}",
-                  flush=True)
+            print(
+                f"profile written to {run_path(self.cfg.runtime.output_dir, 'logs', 'plugins', 'profile')}", flush=True
+            )
 
     def on_train_end(self, logs=None):
         self.end_time = time.perf_counter()
 
     def examples_per_second(self) -> float:
-        """Training throughput after the first (compiling) execution."""
-        elapsed = self.end_time - (self.first_timed_time or self.end_time)
+        """Training throughput after the first (compiling) execution, periodic evaluations excluded."""
+        elapsed = self.end_time - (self.first_timed_time or self.end_time) - self.eval_seconds
         steps = self.step - self.first_timed_step
-        return steps * self.cfg.train.global_batch_size / elapsed if steps and elapsed > 0 else float("nan")
+        return steps * self.cfg.effective_batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
 
-def choose_steps_per_execution(cfg: config_lib.Config, resolved: distribute.Resolved, manifest: dict):
+def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
     """(`train.steps_per_execution`, the measurements): measured when it is `auto`."""
     if cfg.train.steps_per_execution != "auto":
         return int(cfg.train.steps_per_execution), []
@@ -137,38 +199,112 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: distribute.Reso
 
     def build():
         with resolved.strategy.scope():
-            return compile_model(build_model(cfg.model, manifest["image_size"], manifest["num_classes"]), cfg.train, 1)
+            return compile_model(build_model(cfg, manifest), cfg.train, 1)
 
     def iterator():
         dataset, _ = input_pipeline.distributed_dataset(
-            resolved.strategy, cfg.data.dir, manifest, "train", cfg.train.global_batch_size, training=True,
-            seed=cfg.runtime.seed, shuffle_buffer=cfg.data.shuffle_buffer)
+            resolved.strategy,
+            cfg.data.dir,
+            manifest,
+            "train",
+            cfg.train.global_batch_size,
+            training=True,
+            seed=cfg.runtime.seed,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+            accumulation_steps=cfg.train.gradient_accumulation_steps,
+        )
         return iter(dataset)
 
     print(f"calibrating steps_per_execution (candidates up to {limit}):", flush=True)
-    chosen, measurements = spe_lib.calibrate(build, iterator, limit)
+    chosen, measurements = spe_lib.calibrate(
+        build, iterator, limit, max_seconds_per_execution=cfg.train.max_seconds_per_execution
+    )
     for m in measurements:
         mark = "  <- chosen" if m is chosen else ""
         print(f"  steps_per_execution {m.steps_per_execution:4d}: {m.steps_per_second:8.2f} steps/s{mark}", flush=True)
+    skipped = [value for value in spe_lib.candidates(limit) if value > measurements[-1].steps_per_execution]
+    if skipped:
+        print(
+            f"  not tried: {', '.join(map(str, skipped))} (one execution would exceed "
+            f"train.max_seconds_per_execution={cfg.train.max_seconds_per_execution:g} s)",
+            flush=True,
+        )
     return chosen.steps_per_execution, measurements
+
+
+def restore_newest_readable(checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> str | None:
+    """Restores the newest checkpoint that can be read; returns its path, or None for a fresh start.
+
+    A save cut short (the VM stopped mid-write, a truncated file on a full disk) leaves a newest
+    checkpoint that cannot be read: that is not fatal, the one before it is used, and the log says so.
+    """
+    for path in reversed(manager.checkpoints):
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+            return path
+        except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
+            detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            print(
+                f"checkpoint {path} cannot be read ({type(error).__name__}: {detail}); trying the one before",
+                flush=True,
+            )
+    if manager.checkpoints:
+        raise UserError(
+            f"no checkpoint in {manager.directory} can be read; move the folder away to start afresh, "
+            "or set runtime.output_dir to a new run directory"
+        )
+    return None
+
+
+class PhaseClock:
+    """Wall-clock seconds of each phase of a run, printed at the end so that a stall shows in any log."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.current, self.started = "start-up", time.perf_counter()
+
+    def start(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
+        self.current, self.started = phase, now
+
+    def move(self, seconds: float, source: str, destination: str) -> None:
+        """Re-books time measured inside one phase (periodic evaluation inside training)."""
+        self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+        self.seconds[destination] = self.seconds.get(destination, 0.0) + seconds
+
+    def report(self) -> str:
+        self.start("done")
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
 
 
 def train(cfg: config_lib.Config) -> dict:
     """Runs (or resumes) training and the final evaluation; returns the metrics."""
+    clock = PhaseClock()
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data.image_size)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     per_replica = resolved.per_replica_batch_size(cfg.train.global_batch_size)
     set_precision(cfg.runtime.mixed_precision)
     keras.utils.set_random_seed(cfg.runtime.seed)
     output_dir = cfg.runtime.output_dir
     tf.io.gfile.makedirs(output_dir)
-    peak = schedule.scaled_learning_rate(cfg.train.base_learning_rate, cfg.train.global_batch_size,
-                                         cfg.train.base_batch_size)
-    print(f"data: {manifest['splits']['train']['num_examples']} train / {manifest['splits']['eval']['num_examples']} "
-          f"eval examples, {manifest['num_classes']} classes, {manifest['image_size']}px; global batch "
-          f"{cfg.train.global_batch_size} = {per_replica} per replica x {resolved.replicas}; learning rate "
-          f"{peak:g} (= {cfg.train.base_learning_rate:g} x {cfg.train.global_batch_size}/{cfg.train.base_batch_size}),"
-          f" warm-up {cfg.train.warmup_steps} steps; precision {cfg.runtime.mixed_precision}", flush=True)
+    peak = schedule.scaled_learning_rate(
+        cfg.train.base_learning_rate, cfg.effective_batch_size, cfg.train.base_batch_size
+    )
+    accumulation = cfg.train.gradient_accumulation_steps
+    effective = (
+        f", effective batch {cfg.effective_batch_size} (= {cfg.train.global_batch_size} x {accumulation} accumulated)"
+        if accumulation > 1
+        else ""
+    )
+    print(
+        f"data: {manifest['splits']['train']['num_examples']} train / {manifest['splits']['eval']['num_examples']} "
+        f"eval examples, {manifest['num_classes']} classes, {tasks.current().describe_data(manifest)}; global batch "
+        f"{cfg.train.global_batch_size} = {per_replica} per replica x {resolved.replicas}{effective}; learning rate "
+        f"{peak:g} (= {cfg.train.base_learning_rate:g} x {cfg.effective_batch_size}/{cfg.train.base_batch_size}),"
+        f" warm-up {cfg.train.warmup_steps} updates; precision {cfg.runtime.mixed_precision}",
+        flush=True,
+    )
 
     # Checkpoints are numbered by step. A finished run is only evaluated again: no calibration, and
     # its config.yaml keeps describing the training that produced it.
@@ -177,79 +313,160 @@ def train(cfg: config_lib.Config) -> dict:
         if cfg.train.steps_per_execution == "auto":
             cfg.train.steps_per_execution = 1
     else:
+        clock.start("calibration")
         cfg.train.steps_per_execution, _ = choose_steps_per_execution(cfg, resolved, manifest)
+        clock.start("start-up")
         with tf.io.gfile.GFile(run_path(output_dir, "config.yaml"), "w") as handle:
             handle.write(config_lib.dump(cfg))
 
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg.model, manifest["image_size"], manifest["num_classes"]),
-                              cfg.train, cfg.train.steps_per_execution)
+        model = compile_model(build_model(cfg, manifest), cfg.train, cfg.train.steps_per_execution)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, run_path(output_dir, "checkpoints"),
-                                         max_to_keep=cfg.train.keep_checkpoints)
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint)
+    manager = tf.train.CheckpointManager(
+        checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
+    )
+    # The best periodic evaluation's checkpoint, in its own folder: the rotation above never deletes it.
+    best_manager = tf.train.CheckpointManager(checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1)
+    restore_newest_readable(checkpoint, manager)
     initial_step = int(model.optimizer.iterations.numpy())
     print(f"resumed from step {initial_step}" if initial_step else "starting from step 0", flush=True)
-    print(f"steps_per_execution {cfg.train.steps_per_execution}; checkpoints every {cfg.train.checkpoint_every} "
-          f"steps to {manager.directory}", flush=True)
+    print(
+        f"steps_per_execution {cfg.train.steps_per_execution}; checkpoints every {cfg.train.checkpoint_every} "
+        f"steps to {manager.directory}"
+        + (f"; evaluation every {cfg.train.eval_every} steps" if cfg.train.eval_every else ""),
+        flush=True,
+    )
 
     if cfg.runtime.profiler_port:
         tf.profiler.experimental.server.start(cfg.runtime.profiler_port)
         print(f"profiler server on port {cfg.runtime.profiler_port}: `make profile` captures a trace", flush=True)
 
     writer = tf.summary.create_file_writer(run_path(output_dir, "logs", "train"))
-    monitor = TrainingMonitor(cfg, manager, writer, initial_step)
+    monitor = TrainingMonitor(
+        cfg,
+        manager,
+        writer,
+        initial_step,
+        evaluate=lambda: evaluate_model(model, resolved.strategy, cfg, manifest),
+        best_manager=best_manager,
+    )
+    monitor.history = [entry for entry in read_metrics(output_dir).get("history", []) if entry["step"] <= initial_step]
+    # Installed after the strategy: initialising a TPU (libtpu) installs signal handlers of its own,
+    # and a handler installed before it would be replaced.
     previous_handler = signal.signal(signal.SIGTERM, monitor.request_stop)
+    watcher = preemption.MetadataWatcher(monitor.notice)
+    watcher.start()
+    clock.start("training")
     try:
         remaining = cfg.train.total_steps - initial_step
         if remaining > 0:
             # A new seed per start, so a resumed run does not replay the batches it already saw.
             dataset, _ = input_pipeline.distributed_dataset(
-                resolved.strategy, cfg.data.dir, manifest, "train", cfg.train.global_batch_size, training=True,
-                seed=cfg.runtime.seed + initial_step, shuffle_buffer=cfg.data.shuffle_buffer)
+                resolved.strategy,
+                cfg.data.dir,
+                manifest,
+                "train",
+                cfg.train.global_batch_size,
+                training=True,
+                seed=cfg.runtime.seed + initial_step,
+                shuffle_buffer=cfg.data.shuffle_buffer,
+                accumulation_steps=cfg.train.gradient_accumulation_steps,
+            )
             model.fit(dataset, epochs=1, steps_per_epoch=remaining, callbacks=[monitor], verbose=0)
     finally:
+        watcher.stop()
         monitor.stop_profiling()
         signal.signal(signal.SIGTERM, previous_handler)
         writer.flush()
+    clock.move(monitor.eval_seconds, "training", "evaluation")
+    if remaining > 0:
+        # From the last step's callback to fit() returning: releasing the input iterators. Near 0 s;
+        # the tf.data autotuning race described in input_pipeline.py made it minutes.
+        clock.move(time.perf_counter() - monitor.end_time, "training", "end of fit")
 
     step = monitor.step
     if monitor.nan_step is not None:
         kept = manager.latest_checkpoint or "none"
-        raise UserError(f"the loss became NaN at step {monitor.nan_step}; stopped without saving (last good "
-                        f"checkpoint: {kept}); lower train.base_learning_rate or check the data")
+        raise UserError(
+            f"the loss became NaN at step {monitor.nan_step}; stopped without saving (last good "
+            f"checkpoint: {kept}); lower train.base_learning_rate or check the data"
+        )
+    if monitor.save_seconds:
+        print(
+            f"checkpoint save: {max(monitor.save_seconds):.2f} s at most ({len(monitor.save_seconds)} saves)",
+            flush=True,
+        )
     if monitor.preempted:
-        print(f"preempted (SIGTERM) at step {step}: checkpoint saved to {manager.latest_checkpoint}; "
-              "run the same command again to resume", flush=True)
+        print(
+            f"preempted ({monitor.stop_reason}) at step {step}: checkpoint saved to {manager.latest_checkpoint}; "
+            "run the same command again to resume",
+            flush=True,
+        )
+        if monitor.history:
+            write_metrics(output_dir, {**read_metrics(output_dir), **summarize_history(monitor)})
+        print(f"timings: {clock.report()}", flush=True)
         sys.exit(PREEMPTED_EXIT_STATUS)
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[-1]) != step:
-        manager.save(checkpoint_number=step)
+        monitor.save(step)
 
+    clock.start("evaluation")
     metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
     metrics.update(global_step=step, examples_per_second=monitor.examples_per_second())
+    if monitor.save_seconds:
+        metrics["checkpoint_save_seconds"] = round(max(monitor.save_seconds), 3)
+    if cfg.train.eval_every:
+        monitor.record_evaluation(step, metrics)
+        metrics.update(summarize_history(monitor))
+    else:
+        write_eval_summaries(output_dir, metrics, step)
+    clock.start("export")
+    export_dir = export(model, output_dir, manifest, cfg.data.dir)
+    timings = clock.report()
+    metrics["phase_seconds"] = {name: round(seconds, 2) for name, seconds in clock.seconds.items() if name != "done"}
     write_metrics(output_dir, metrics)
-    write_eval_summaries(output_dir, metrics, step)
-    export_dir = export(model, output_dir)
-    print(f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} at step {step}; "
-          f"training {metrics['examples_per_second']:.1f} examples/s; metrics -> {run_path(output_dir, 'metrics.json')}; "
-          f"SavedModel -> {export_dir}", flush=True)
+    best = f" (best {metrics['best_accuracy']:.4f} at step {metrics['best_step']})" if "best_step" in metrics else ""
+    print(
+        f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} at step {step}{best}; "
+        f"training {metrics['examples_per_second']:.1f} examples/s; metrics -> {run_path(output_dir, 'metrics.json')}; "
+        f"SavedModel -> {export_dir}",
+        flush=True,
+    )
+    print(f"timings: {timings}", flush=True)
     return metrics
 
 
-def export(model: keras.Model, output_dir: str) -> str:
-    """A SavedModel whose serving signature takes uint8 images and returns class probabilities."""
-    image_shape = model.input_shape[1:]
+def summarize_history(monitor: TrainingMonitor) -> dict:
+    best = monitor.best()
+    return {"best_accuracy": best["accuracy"], "best_step": best["step"], "history": monitor.history}
 
-    @tf.function(input_signature=[tf.TensorSpec([None, *image_shape], tf.uint8, name="image")])
-    def serve(image):
-        logits = model(image, training=False)
-        return {"probabilities": tf.nn.softmax(tf.cast(logits, tf.float32)),
-                "class": tf.argmax(logits, axis=-1, output_type=tf.int32)}
 
+def read_metrics(output_dir: str) -> dict:
+    path = run_path(output_dir, "metrics.json")
+    if not tf.io.gfile.exists(path):
+        return {}
+    with tf.io.gfile.GFile(path) as handle:
+        return json.load(handle)
+
+
+def export(model: keras.Model, output_dir: str, manifest: dict, data_dir: str) -> str:
+    """A SavedModel with the task's serving signature (inputs -> probabilities and class), and in
+    its assets.extra/ what `predict` needs: the label names, the manifest and the task's assets."""
+    task = tasks.current()
     path = run_path(output_dir, "export")
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
-    tf.saved_model.save(model, path, signatures={"serving_default": serve}, options=options)
+    tf.saved_model.save(
+        model, path, signatures={"serving_default": task.serving_signature(model, manifest)}, options=options
+    )
+    extra = run_path(path, "assets.extra")
+    tf.io.gfile.makedirs(extra)
+    files = {
+        "labels.json": json.dumps(manifest["label_names"]).encode(),
+        "manifest.json": json.dumps(manifest, indent=2).encode(),
+        **task.export_assets(manifest, data_dir),
+    }
+    for name, content in files.items():
+        with tf.io.gfile.GFile(run_path(extra, name), "wb") as handle:
+            handle.write(content)
     return path
 
 

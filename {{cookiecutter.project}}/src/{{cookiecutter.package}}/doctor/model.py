@@ -1,0 +1,142 @@
+"""`make doctor` rules: the model ("Tensor dimensions", "Fully connected layers", "Batch normalization", "bfloat16")."""
+
+from __future__ import annotations
+
+from .engine import (
+    BATCH_FOR_SMALL_TILE,
+    MIN_BN_BATCH,
+    MIN_HIDDEN_DENSE,
+    MXU_TILE,
+    SMALL_TILE,
+    Context,
+    Verdict,
+    _names,
+    fail,
+    passed,
+    rule,
+    skip,
+    tasks,
+    warn,
+)
+
+
+@rule("model.build")
+def model_build(ctx: Context) -> Verdict:
+    layers, description, error = ctx.model_or_error
+    if error:
+        return fail(f"build_model failed: {error}", "fix model.py or the model.* keys")
+    if not ctx.feature_layers:
+        return warn(
+            f"{description}; no conv or hidden dense layers found to check",
+            "the model rules only know Conv and Dense layers",
+        )
+    return passed(description)
+
+
+def _feature_quantum(ctx: Context) -> int:
+    return SMALL_TILE if ctx.cfg.train.global_batch_size % BATCH_FOR_SMALL_TILE == 0 else MXU_TILE
+
+
+@rule("model.feature_dims")
+def model_feature_dims(ctx: Context) -> Verdict:
+    if ctx.layers is None:
+        return skip("the model did not build (see model.build)")
+    if ctx.target.kind != "tpu":
+        return skip(
+            f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
+            "(`make doctor CONFIG=configs/tpu.yaml` checks the TPU model)"
+        )
+    quantum = _feature_quantum(ctx)
+    why = (
+        f"the global batch is a multiple of {BATCH_FOR_SMALL_TILE}"
+        if quantum == SMALL_TILE
+        else f"the global batch is not a multiple of {BATCH_FOR_SMALL_TILE}"
+    )
+    odd = [layer for layer in ctx.feature_layers if layer.width % quantum]
+    if not odd:
+        best = MXU_TILE if all(layer.width % MXU_TILE == 0 for layer in ctx.feature_layers) else quantum
+        return passed(
+            f"{len(ctx.feature_layers)} conv/dense layers have widths that are multiples of {best}"
+            + ("" if best == MXU_TILE else f" ({why})")
+        )
+    by_width: dict[int, list[str]] = {}
+    for layer in odd:
+        by_width.setdefault(layer.width, []).append(layer.name)
+    listing = "; ".join(f"{width}: {_names(names)}" for width, names in sorted(by_width.items()))
+    return warn(
+        f"widths not a multiple of {quantum} ({why}), padded on the MXU: {listing}",
+        tasks.current().width_fix(ctx.cfg.model, quantum),
+    )
+
+
+@rule("model.narrow_layers")
+def model_narrow_layers(ctx: Context) -> Verdict:
+    if ctx.layers is None:
+        return skip("the model did not build (see model.build)")
+    if ctx.target.kind != "tpu":
+        return skip(
+            f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
+            "(`make doctor CONFIG=configs/tpu.yaml` checks the TPU model)"
+        )
+    narrow = [layer for layer in ctx.feature_layers if layer.width < MXU_TILE]
+    if not narrow:
+        return passed(f"every conv/dense layer is at least {MXU_TILE} wide")
+    return warn(
+        f"{len(narrow)} layers narrower than {MXU_TILE} use a fraction of the {MXU_TILE}x{MXU_TILE} MXU: "
+        f"{_names([f'{layer.name} ({layer.width})' for layer in narrow])}",
+        f"{tasks.current().width_fix(ctx.cfg.model, MXU_TILE)} on a TPU",
+    )
+
+
+@rule("model.hidden_dense")
+def model_hidden_dense(ctx: Context) -> Verdict:
+    if ctx.layers is None:
+        return skip("the model did not build (see model.build)")
+    hidden = [layer for layer in ctx.feature_layers if layer.kind == "dense"]
+    if not hidden:
+        return skip("no hidden Dense layers (the logits layer is exempt)")
+    small = [layer for layer in hidden if layer.width < MIN_HIDDEN_DENSE]
+    if not small:
+        return passed(f"{len(hidden)} hidden Dense layers, all >= {MIN_HIDDEN_DENSE} units")
+    return warn(
+        f"hidden Dense layers under {MIN_HIDDEN_DENSE} units are too small to keep the MXU busy: "
+        f"{_names([f'{layer.name} ({layer.width})' for layer in small])}",
+        f"widen them to {MIN_HIDDEN_DENSE}+ units, or accept that they run below peak",
+    )
+
+
+@rule("model.batch_norm")
+def model_batch_norm(ctx: Context) -> Verdict:
+    if ctx.layers is None:
+        return skip("the model did not build (see model.build)")
+    norms = [layer for layer in ctx.layers if layer.kind == "batch_norm"]
+    if not norms:
+        return skip("no batch normalization layers")
+    per_replica = ctx.per_replica_batch
+    if per_replica is None:
+        return skip("the global batch does not divide (see batch.divisible)")
+    unsynced = [layer for layer in norms if not layer.synchronized]
+    if not unsynced:
+        return passed(f"{len(norms)} batch-norm layers synchronised across replicas")
+    if per_replica >= MIN_BN_BATCH:
+        return passed(f"{per_replica} examples per replica for per-replica batch-norm statistics (>= {MIN_BN_BATCH})")
+    suggestion = MIN_BN_BATCH * ctx.target.replicas
+    return warn(
+        f"{len(unsynced)} batch-norm layers compute statistics over {per_replica} examples per replica "
+        f"(under {MIN_BN_BATCH}): noisy, costs accuracy",
+        f"train.global_batch_size={suggestion} or model.sync_batch_norm=true",
+    )
+
+
+@rule("model.precision")
+def model_precision(ctx: Context) -> Verdict:
+    precision = ctx.cfg.runtime.mixed_precision
+    if precision == "bfloat16":
+        return passed("mixed bfloat16: the MXU's native type, float32 variables")
+    if ctx.target.kind == "tpu":
+        return warn(
+            "float32 on a TPU: the MXU multiplies in bfloat16 passes anyway, activations take twice the "
+            "memory and bandwidth",
+            "runtime.mixed_precision=bfloat16",
+        )
+    return passed(f"{precision} (on a TPU, bfloat16 is faster)")

@@ -1,0 +1,91 @@
+"""`make doctor` rules: the training loop ("Host-device round trips", steps_per_execution)."""
+
+from __future__ import annotations
+
+from .engine import (
+    PREEMPTION_GRACE_SECONDS,
+    MIN_SPE_FOR_SHORT_STEPS,
+    MIN_STEP_SECONDS,
+    Context,
+    Verdict,
+    passed,
+    rule,
+    skip,
+    warn,
+    worst,
+)
+
+
+@rule("train.steps_per_execution")
+def train_steps_per_execution(ctx: Context) -> Verdict:
+    spe, history = ctx.cfg.train.steps_per_execution, ctx.history
+    step = history.step_seconds
+    measured = f"; the run in {ctx.cfg.runtime.output_dir} measured {step * 1000:.1f} ms per step" if step else ""
+    if spe == "auto":
+        chosen = f"; its last run chose {history.steps_per_execution}" if history.steps_per_execution else ""
+        return passed(
+            f"auto: measured at start-up among 1, 4, 16 ... up to min(log_every, checkpoint_every){chosen}{measured}"
+        )
+    if spe == 1:
+        return warn(
+            "1 step per execution: every step pays a host-device round trip",
+            "train.steps_per_execution=auto (or 32 and more for short steps)",
+        )
+    if step is not None and step < MIN_STEP_SECONDS and spe < MIN_SPE_FOR_SHORT_STEPS:
+        return warn(
+            f"{spe} steps per execution is too small against the measured step time{measured}",
+            f"train.steps_per_execution={MIN_SPE_FOR_SHORT_STEPS} or auto",
+        )
+    return passed(f"{spe} steps per execution{measured}")
+
+
+@rule("train.execution_boundaries")
+def train_execution_boundaries(ctx: Context) -> Verdict:
+    train = ctx.cfg.train
+    spe = train.steps_per_execution
+    if spe == "auto":
+        return passed(f"auto stays within log_every={train.log_every} and checkpoint_every={train.checkpoint_every}")
+    verdicts = []
+    for key, every in (("log_every", train.log_every), ("checkpoint_every", train.checkpoint_every)):
+        what = "logs" if key == "log_every" else "checkpoints"
+        if spe > every:
+            verdicts.append(
+                warn(
+                    f"steps_per_execution={spe} > {key}={every}: {what} happen only at execution "
+                    f"boundaries, every {spe} steps",
+                    f"train.steps_per_execution={every} or less (or auto)",
+                )
+            )
+        elif every % spe:
+            verdicts.append(
+                passed(
+                    f"{what} at the first execution boundary after every {every} steps ({spe} does not divide {every})"
+                )
+            )
+    return (
+        worst(*verdicts)
+        if verdicts
+        else passed(f"{spe} divides log_every={train.log_every} and checkpoint_every={train.checkpoint_every}")
+    )
+
+
+@rule("train.preemption_window")
+def train_preemption_window(ctx: Context) -> Verdict:
+    """A preemption notice is acted on at the end of the current execution, then a checkpoint is
+    saved: both must fit in the grace period of a Spot TPU VM."""
+    history = ctx.history
+    step, save, spe = history.step_seconds, history.checkpoint_save_seconds, history.steps_per_execution
+    if step is None or save is None or spe is None:
+        return skip(f"no finished run in {ctx.cfg.runtime.output_dir} to take the step and save times from")
+    needed = spe * step + save
+    found = (
+        f"the last run: {spe} steps x {step * 1000:.1f} ms + {save:.1f} s checkpoint save = {needed:.1f} s "
+        f"from a notice to a saved exit"
+    )
+    if needed > PREEMPTION_GRACE_SECONDS:
+        return warn(
+            f"{found}, over the {PREEMPTION_GRACE_SECONDS} s a Spot TPU VM gets",
+            f"train.max_seconds_per_execution={max(1, int(PREEMPTION_GRACE_SECONDS - save - 5))} "
+            "(or a smaller train.steps_per_execution), and keep checkpoints on a fast bucket in the region",
+        )
+    return passed(f"{found} (within {PREEMPTION_GRACE_SECONDS} s)")

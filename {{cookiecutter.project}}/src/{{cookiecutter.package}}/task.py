@@ -1,0 +1,192 @@
+"""The seam between the shared TPU machinery and a task: what a task must provide.
+
+Everything else (config loading, strategy, the Beam record plumbing, the tf.data skeleton,
+schedule, steps_per_execution, the training monitor, evaluation, export, doctor's engine and
+the benchmarks) is shared and imports no task code; it reaches the task through `tasks.current()`.
+
+A task is a package under `tasks/` whose `TASK` object implements `Task`:
+
+    preprocessing (Beam workers)  list_raw -> read_raw -> [fit] -> encode
+    input (tf.data)               check_manifest, parse_batch, padding_record, synthetic_batch
+    model                         build_model
+    serving                       serving_signature, export_assets, predict_inputs
+    the rest                      write_sample_data, doctor_rules, describe_data
+
+A new model for the same data changes only the task's `model.py`; a new raw format only its
+`read_raw`/`list_raw`; a new task is a new package with its own configs and sample data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+
+class Rejected(Exception):
+    """A raw input that cannot become an example. `reason` is a key of the task's
+    `reject_reasons`; `detail` says what exactly was wrong. Never fails the job."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(detail or reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class RawExample:
+    """One raw example before encoding.
+
+    `source` identifies it (a relative path, or `file.jsonl:line`): its stable hash decides the
+    split and the order inside a shard, and rejections are listed by it.
+    """
+
+    source: str
+    label: str
+    payload: Any
+    """What `encode` needs: the file's bytes for an image, the text for a text example."""
+    split: str | None = None
+    """'train' or 'eval' when the raw input itself decides (a CSV index's ML_USE column); None
+    leaves the split to the stable hash of `source`."""
+
+
+@dataclass(frozen=True)
+class RawRejection:
+    """A raw input rejected while reading (before a label is known): source, reason, detail."""
+
+    source: str
+    reason: str
+    detail: str
+
+
+@dataclass
+class Listing:
+    """What the driver learns by listing RAW, before the pipeline runs."""
+
+    units: list[str]
+    """Relative paths (sorted) of the files that `read_raw` reads, one Beam work item each."""
+    ignored: int = 0
+    """Files that are not raw input (counted, not read)."""
+    root: str | None = None
+    """The folder that units and example sources are relative to, when it is not RAW itself (RAW
+    is a CSV index: its folder). A unit or source that is a full path or URI stands alone."""
+
+
+class Task:
+    """The contract. Subclass it in `tasks/<name>/task.py` and set `TASK = YourTask()`."""
+
+    name: str = ""
+    data_config: type = object
+    """Dataclass of the `data:` section: the shared `config.DataConfig` plus this task's keys.
+    Every field has a type hint (it drives the one conversion rule) and a docstring; an optional
+    `problem()` method returns a one-line error for values that break a rule, else None."""
+    model_config: type = object
+    """Dataclass of the `model:` section, with the same conventions."""
+    raw_format: str = ""
+    """One line that says what RAW must look like (used in errors and help)."""
+    reject_reasons: dict[str, str] = {}
+    """Why an input was rejected: code -> meaning (counted in the manifest and Beam metrics)."""
+    needs_fit: bool = False
+    """True when encoding needs something learned from the train split first (a tokenizer)."""
+
+    # --------------------------------------------------------------- preprocessing (Beam)
+    def list_raw(self, input_root: str) -> Listing:
+        """Lists RAW (local or gs://); raises UserError when it holds no raw input."""
+        raise NotImplementedError
+
+    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+        """The examples (or rejections) in one listed file, given its bytes."""
+        raise NotImplementedError
+
+    def fit(self, train_payloads: Sequence[Any], data: Any, workdir: str) -> dict[str, bytes]:
+        """Learns what encoding needs from a bounded sample of train payloads (when `needs_fit`);
+        returns artifacts by file name, written beside the shards."""
+        return {}
+
+    def fit_sample_size(self, data: Any) -> int:
+        """How many train payloads `fit` sees at most (a bounded, hash-chosen sample)."""
+        return 0
+
+    def encode(self, example: RawExample, label: int, data: Any, artifacts: dict[str, bytes]) -> tuple[bytes, dict]:
+        """(serialized tf.train.Example, additive statistics such as {'tokens': 42}); raises
+        `Rejected` for an input that does not decode."""
+        raise NotImplementedError
+
+    def feature_spec(self, data: Any) -> dict:
+        """JSON description of an example: written into the manifest, compared at start-up."""
+        raise NotImplementedError
+
+    def manifest_fields(self, data: Any, artifacts: dict[str, bytes], stats: dict) -> dict:
+        """Task facts for manifest.json (e.g. image_size; the tokenizer's file and sha256)."""
+        return {}
+
+    def bytes_per_example(self, data: Any) -> int:
+        """Estimated bytes of one record, for sizing shards."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- input (tf.data)
+    def check_manifest(self, manifest: dict, data: Any, data_dir: str) -> None:
+        """Raises UserError when the shards do not fit the config (size, tokenizer, ...)."""
+
+    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+        """A batch of serialized examples -> (features, int32 labels), with static shapes.
+        `training` is True for the train split: the place for random augmentation, which runs here,
+        on the host, inside the input pipeline's parallel map; False gives deterministic features."""
+        raise NotImplementedError
+
+    def padding_record(self, manifest: dict) -> bytes:
+        """One valid serialized example, used with weight 0 to pad evaluation."""
+        raise NotImplementedError
+
+    def synthetic_batch(self, batch_size: int, manifest: dict):
+        """(features, labels) of random data shaped like a parsed batch (benchmarks)."""
+        raise NotImplementedError
+
+    def describe_data(self, manifest: dict) -> str:
+        """A few words on the examples, e.g. '32px images' (for the start-up line)."""
+        return ""
+
+    # --------------------------------------------------------------- model
+    def build_model(self, model: Any, manifest: dict):
+        """A Keras model from parsed features to float32 logits [batch, num_classes]."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- serving
+    def serving_signature(self, model, manifest: dict) -> Callable:
+        """A tf.function with an input signature: model inputs -> {'probabilities', 'class'}."""
+        raise NotImplementedError
+
+    def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
+        """Files that `predict` needs beside the SavedModel (e.g. the tokenizer), by name."""
+        return {}
+
+    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
+        """(a name per example, the batch for the serving signature) from `make predict INPUT=...`;
+        raises UserError for an input that cannot be read."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- the rest
+    def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
+        """Writes the generated sample raw data (no download); returns a one-line summary.
+        `small` writes a few hundred examples for tests."""
+        raise NotImplementedError
+
+    def nominal_manifest(self, data: Any, num_classes: int = 10) -> dict:
+        """The manifest fields `build_model` needs, from the config alone (for `make doctor`
+        before any data exists)."""
+        raise NotImplementedError
+
+    def width_fix(self, model: Any, quantum: int) -> str:
+        """The config change that makes the model's widths multiples of `quantum` (doctor)."""
+        return f"make the model.* widths multiples of {quantum}"
+
+    def doctor_rules(self) -> list:
+        """This task's `make doctor` rules: (name, function) pairs, each function taking
+        (config, target, manifest or None) and returning (status, message, fix) with status
+        'pass', 'warn', 'fail' or 'skip'."""
+        return []
+
+
+def fields_of(section: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(section)]

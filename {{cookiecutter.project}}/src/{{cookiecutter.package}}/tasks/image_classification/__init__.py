@@ -1,0 +1,1 @@
+from .task import TASK  # noqa: F401

@@ -1,0 +1,37 @@
+"""The `data:` and `model:` keys of the text task (the shared keys are in the core's config.py).
+
+Every key is a dataclass field with its meaning; configs/*.yaml set them and `dotted.key=value`
+overrides them, e.g. `data.seq_len=256`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import config as config_lib
+
+
+@dataclass
+class TextDataConfig(config_lib.DataConfig):
+    seq_len: int = 128
+    """Static sequence length of every batch: preprocessing truncates texts to it and the input
+    pipeline pads to it. A multiple of 128 on a TPU; `make doctor` shows how much is truncated."""
+    vocab_size: int = 2000
+    """SentencePiece vocabulary size trained by preprocessing (a small corpus may yield fewer)."""
+    tokenizer_sample: int = 20000
+    """At most this many train texts are used to train the tokenizer."""
+
+
+@dataclass
+class TextModelConfig:
+    width: int = 64
+    """Width of the token representation (embedding and attention); a multiple of 128 on a TPU."""
+    depth: int = 2
+    """Number of Transformer blocks."""
+    heads: int = 2
+    """Attention heads per block; `width` must divide evenly by it (on a TPU, width/heads of
+    128 keeps each head's matrix multiply on full MXU tiles)."""
+    mlp_width: int = 128
+    """Hidden width of each block's feed-forward layer (usually 2-4 x width)."""
+    dropout: float = 0.1
+    """Dropout rate after attention, in the feed-forward layer and before the logits."""

@@ -1,0 +1,294 @@
+"""Text classification: RAW texts -> SentencePiece ids -> a Transformer encoder -> a label per text.
+
+raw input       RAW/<label>/<name>.txt (one text per file) or RAW/*.jsonl ({"text", "label"} lines)
+preprocessing   read_raw -> fit (tokenizer.model, trained on the train split) -> encode (ids)
+input           parse_batch: ids padded to exactly [batch, data.seq_len], int32
+model           model.py: a pre-LayerNorm Transformer encoder, masked mean pooling, logits
+serving         ids [None, seq_len] -> probabilities and class; predict tokenizes text lines
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import UserError
+from ...task import Listing, RawExample, RawRejection, Rejected, Task
+from . import doctor_rules, sample_data, tokenizer
+from .config import TextDataConfig, TextModelConfig
+
+TEXT_SUFFIX = ".txt"
+JSONL_SUFFIX = ".jsonl"
+ASSETS_DIR = "assets.extra"
+"""Where the core writes `export_assets` inside the export (the SavedModel convention for extra files)."""
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def _decode(data: bytes) -> str:
+    # utf-8-sig: files saved by Windows editors start with a byte-order mark that is not text.
+    return data.decode("utf-8-sig")
+
+
+class TextClassificationTask(Task):
+    name = "text_classification"
+    data_config = TextDataConfig
+    model_config = TextModelConfig
+    raw_format = 'RAW/<label>/<name>.txt (one UTF-8 text per file) or RAW/*.jsonl (lines of {"text": .., "label": ..})'
+    reject_reasons = {
+        "empty": "empty text (nothing but whitespace, or no tokens)",
+        "not_utf8": "not UTF-8: bytes that do not decode as UTF-8 text",
+        "not_json": "a JSON Lines line that is not a JSON object",
+        "missing_field": "a JSON Lines object without a string `text` or `label`",
+    }
+    needs_fit = True
+
+    # --------------------------------------------------------------- preprocessing (Beam)
+    def list_raw(self, input_root: str) -> Listing:
+        from apache_beam.io.filesystems import FileSystems
+
+        root = input_root.rstrip("/")
+        try:
+            matched = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
+        except Exception as error:  # Beam raises a generic error for a missing local folder
+            raise UserError(f"cannot list {root}: {error}; check --input (RAW=...)") from None
+        units, ignored = [], 0
+        for metadata in matched:
+            relative = metadata.path[len(root) + 1 :]
+            depth, lower = relative.count("/"), relative.lower()
+            # A .txt file counts only inside a label folder: a README.txt beside them has no label.
+            if (depth == 1 and lower.endswith(TEXT_SUFFIX)) or (depth == 0 and lower.endswith(JSONL_SUFFIX)):
+                units.append(relative)
+            else:
+                ignored += 1
+        if not units:
+            raise UserError(
+                f"no texts found under {root}: expected {root}/<label>/*.txt or {root}/*.jsonl; "
+                f"run `make data` for the sample set or point RAW at a text folder"
+            )
+        return Listing(units=sorted(units), ignored=ignored)
+
+    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+        if relative.lower().endswith(JSONL_SUFFIX):
+            yield from _read_jsonl(relative, data)
+            return
+        label = relative.split("/", 1)[0]
+        try:
+            text = _decode(data)
+        except UnicodeDecodeError as error:
+            yield RawRejection(relative, "not_utf8", f"{error.reason} at byte {error.start}")
+            return
+        if not text.strip():
+            yield RawRejection(relative, "empty", "empty text")
+            return
+        yield RawExample(relative, label, text)
+
+    def fit(self, train_payloads: Sequence[Any], data: TextDataConfig, workdir: str) -> dict[str, bytes]:
+        _check_data(data)
+        return {tokenizer.MODEL_FILE: tokenizer.fit(train_payloads, data.vocab_size, data.tokenizer_sample)}
+
+    def fit_sample_size(self, data: TextDataConfig) -> int:
+        return data.tokenizer_sample
+
+    def encode(
+        self, example: RawExample, label: int, data: TextDataConfig, artifacts: dict[str, bytes]
+    ) -> tuple[bytes, dict]:
+        ids = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], example.payload)
+        if not ids:  # e.g. only characters that normalisation removes
+            raise Rejected("empty", "no tokens after tokenization")
+        kept = ids[: data.seq_len]
+        stats = {"examples": 1, "tokens": len(ids), "truncated": int(len(ids) > data.seq_len), "kept_tokens": len(kept)}
+        return tokenizer.serialize(kept, label), stats
+
+    def feature_spec(self, data: TextDataConfig) -> dict:
+        return tokenizer.feature_spec(data.seq_len)
+
+    def manifest_fields(self, data: TextDataConfig, artifacts: dict[str, bytes], stats: dict) -> dict:
+        model_bytes = artifacts[tokenizer.MODEL_FILE]
+        pieces = tokenizer.vocab_size(model_bytes)
+        examples = stats.get("examples", 0)
+        positions = examples * data.seq_len
+        return {
+            "seq_len": data.seq_len,
+            "vocab_size": pieces,
+            "tokenizer": {
+                "file": tokenizer.MODEL_FILE,
+                "sha256": tokenizer.sha256(model_bytes),
+                "vocab_size": pieces,
+                "pad_id": tokenizer.PAD_ID,
+                "unk_id": tokenizer.UNK_ID,
+            },
+            "length_stats": {
+                "mean_tokens": round(stats.get("tokens", 0) / examples, 2) if examples else 0.0,
+                "share_truncated": round(stats.get("truncated", 0) / examples, 4) if examples else 0.0,
+                # Share of the [examples, seq_len] positions that padding fills: compute spent on nothing.
+                "mean_padding": round(1 - stats.get("kept_tokens", 0) / positions, 4) if positions else 0.0,
+            },
+        }
+
+    def bytes_per_example(self, data: TextDataConfig) -> int:
+        # ids below 2**14 take 2 bytes as varints; a third per id covers larger vocabularies and framing.
+        return data.seq_len * 3 + 32
+
+    # --------------------------------------------------------------- input (tf.data)
+    def check_manifest(self, manifest: dict, data: TextDataConfig, data_dir: str) -> None:
+        import tensorflow as tf
+
+        _check_data(data)
+        written = manifest.get("seq_len")
+        if written != data.seq_len:
+            raise UserError(
+                f"data.seq_len is {data.seq_len} but the shards in {data_dir} were written with seq_len "
+                f"{written}; set data.seq_len={written}, or re-run "
+                f"`make preprocess ARGS=data.seq_len={data.seq_len}`"
+            )
+        facts = manifest.get("tokenizer") or {}
+        path = _join(data_dir, facts.get("file", tokenizer.MODEL_FILE))
+        if not tf.io.gfile.exists(path):
+            raise UserError(f"the tokenizer {path} is missing beside the shards; re-run `make preprocess`")
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            if tokenizer.sha256(handle.read()) != facts.get("sha256"):
+                raise UserError(
+                    f"shards and tokenizer do not match ({path} is not the tokenizer the shards were "
+                    f"written with); re-run `make preprocess`"
+                )
+
+    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+        return tokenizer.parse_batch(serialized, manifest["seq_len"])
+
+    def padding_record(self, manifest: dict) -> bytes:
+        # One unknown token rather than none: every row then has a token to pool over.
+        return tokenizer.serialize([tokenizer.UNK_ID], 0)
+
+    def synthetic_batch(self, batch_size: int, manifest: dict):
+        import tensorflow as tf
+
+        # Ids from 2: random text has no padding (0) and rarely unknown pieces (1).
+        ids = tf.random.uniform(
+            [batch_size, manifest["seq_len"]], minval=2, maxval=manifest["vocab_size"], dtype=tf.int32
+        )
+        labels = tf.random.uniform([batch_size], maxval=manifest["num_classes"], dtype=tf.int32)
+        return ids, labels
+
+    def describe_data(self, manifest: dict) -> str:
+        return f"sequences of {manifest['seq_len']} tokens, vocabulary {manifest['vocab_size']}"
+
+    # --------------------------------------------------------------- model
+    def build_model(self, model: TextModelConfig, manifest: dict):
+        from . import model as model_lib
+
+        return model_lib.build_model(model, manifest["seq_len"], manifest["vocab_size"], manifest["num_classes"])
+
+    def nominal_manifest(self, data: TextDataConfig, num_classes: int = 10) -> dict:
+        return {"seq_len": data.seq_len, "vocab_size": data.vocab_size, "num_classes": num_classes}
+
+    def width_fix(self, model: TextModelConfig, quantum: int) -> str:
+        def up(value: int) -> int:
+            return max(quantum, -(-value // quantum) * quantum)
+
+        return f"model.width={up(model.width)} model.mlp_width={up(model.mlp_width)}"
+
+    # --------------------------------------------------------------- serving
+    def serving_signature(self, model, manifest: dict):
+        import tensorflow as tf
+
+        @tf.function(input_signature=[tf.TensorSpec([None, manifest["seq_len"]], tf.int32, name="ids")])
+        def serve(ids):
+            probabilities = tf.nn.softmax(tf.cast(model(ids, training=False), tf.float32), axis=-1)
+            return {"probabilities": probabilities, "class": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
+
+        return serve
+
+    def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
+        import tensorflow as tf
+
+        name = (manifest.get("tokenizer") or {}).get("file", tokenizer.MODEL_FILE)
+        with tf.io.gfile.GFile(_join(data_dir, name), "rb") as handle:
+            return {name: handle.read()}
+
+    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
+        import tensorflow as tf
+
+        model_path = _join(export_dir, ASSETS_DIR, tokenizer.MODEL_FILE)
+        if not tf.io.gfile.exists(model_path):
+            raise UserError(
+                f"the export {export_dir} has no {ASSETS_DIR}/{tokenizer.MODEL_FILE}; "
+                f"re-run `make train` to export the model with its tokenizer"
+            )
+        with tf.io.gfile.GFile(model_path, "rb") as handle:
+            model_bytes = handle.read()
+        names, sequences = [], []
+        for path in inputs:
+            if not tf.io.gfile.exists(path):
+                raise UserError(f"INPUT {path} does not exist; pass text files with one text per line")
+            with tf.io.gfile.GFile(path, "rb") as handle:
+                try:
+                    text = _decode(handle.read())
+                except UnicodeDecodeError:
+                    raise UserError(f"INPUT {path} is not UTF-8 text; save it as UTF-8, one text per line") from None
+            lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+            if not lines:
+                raise UserError(f"INPUT {path} has no text; write one text per line")
+            for number, line in lines:
+                names.append(f"{posixpath.basename(path)}:{number} {line[:40]}")
+                sequences.append(tokenizer.tokenize(model_bytes, line))
+        return names, tokenizer.pad_batch(sequences, manifest["seq_len"])
+
+    # --------------------------------------------------------------- the rest
+    def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
+        return sample_data.write_sample_data(output, seed=seed, small=small)
+
+    def doctor_rules(self) -> list:
+        return doctor_rules.rules()
+
+
+def _read_jsonl(relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+    """One example per line; `source` is `file.jsonl:LINE` (1-based). Blank lines are skipped."""
+    if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark before the first line
+        data = data[3:]
+    for number, raw_line in enumerate(data.split(b"\n"), 1):
+        source = f"{relative}:{number}"
+        if not raw_line.strip():
+            continue
+        try:
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            yield RawRejection(source, "not_utf8", f"{error.reason} at byte {error.start} of the line")
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            yield RawRejection(source, "not_json", f"invalid JSON ({error.msg}, column {error.colno})")
+            continue
+        if not isinstance(record, dict):
+            yield RawRejection(source, "not_json", f"a JSON {type(record).__name__}, not an object")
+            continue
+        missing = [key for key in ("text", "label") if not isinstance(record.get(key), str)]
+        if missing:
+            yield RawRejection(source, "missing_field", " and ".join(f"no string `{key}`" for key in missing))
+            continue
+        if not record["text"].strip():
+            yield RawRejection(source, "empty", "empty text")
+            continue
+        if not record["label"].strip():
+            yield RawRejection(source, "missing_field", "empty `label`")
+            continue
+        yield RawExample(source, record["label"], record["text"])
+
+
+def _check_data(data: TextDataConfig) -> None:
+    for key, value, least in (
+        ("data.seq_len", data.seq_len, 1),
+        ("data.vocab_size", data.vocab_size, 8),
+        ("data.tokenizer_sample", data.tokenizer_sample, 1),
+    ):
+        if value < least:
+            raise UserError(f"{key} must be at least {least}, got {value}")
+
+
+TASK = TextClassificationTask()

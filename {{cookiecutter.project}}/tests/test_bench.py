@@ -1,0 +1,112 @@
+"""Smoke runs of the three benchmarks whose figures the README publishes (`make bench`, `bench-spe`,
+`bench-preprocess`), on tiny data: each runs as `make` runs it, prints its table and ends with one
+line of JSON holding the documented keys. Figures are printed, never asserted: timings belong in
+the README, not in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT
+
+TINY = (
+    *DATA_OVERRIDES,
+    *MODEL_OVERRIDES,
+    "train.global_batch_size=32",
+    "train.log_every=4",
+    "train.checkpoint_every=4",
+    "train.total_steps=8",
+    "train.warmup_steps=1",
+)
+
+
+def run_module(module: str, *args: str) -> tuple[str, dict]:
+    """(stdout, the JSON of its last line) of `python -m <package>.<module> ARGS`."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run(
+        [sys.executable, "-m", f"{{ cookiecutter.package }}.{module}", *args],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = result.stdout.strip().splitlines()
+    return result.stdout, json.loads(lines[-1])
+
+
+def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data_dir):
+    output, figures = run_module(
+        "bench_input", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY, "--seconds", "0.3"
+    )
+    assert "input, optimized" in output and "input, naive" in output and "training, synthetic data" in output
+    assert {
+        "optimized_examples_per_s",
+        "naive_examples_per_s",
+        "speedup",
+        "train_steps_per_s_synthetic",
+        "train_steps_per_s_real",
+        "input_bound",
+    } <= set(figures)
+    assert figures["optimized_examples_per_s"] > 0 and figures["naive_examples_per_s"] > 0
+
+
+def test_bench_spe_measures_every_candidate(data_dir):
+    output, figures = run_module("bench_spe", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY)
+    assert "calibrating steps_per_execution" in output
+    assert {"chosen", "chosen_steps_per_s", "best_steps_per_s", "spe1_steps_per_s", "candidates"} <= set(figures)
+    assert sorted(figures["candidates"], key=int) == ["1", "4"]  # candidates up to train.log_every
+    assert str(figures["chosen"]) in figures["candidates"]
+
+
+def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir):
+    output, figures = run_module(
+        "bench_preprocess",
+        "--input",
+        str(raw_dir),
+        "--config",
+        "configs/local.yaml",
+        *DATA_OVERRIDES,
+        "--min_files",
+        "60",
+        "--repeats",
+        "1",
+        "--no_multi",
+    )
+    assert "beam runs at" in output and "identical shards" in output
+    assert {"beam_records_per_s", "plain_records_per_s", "ratio", "records"} <= set(figures)
+    assert figures["records"] > 0
+
+
+def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, tmp_path):
+    """The warm-up encodes the first raw input in sorted order: when that one is broken, it is
+    rejected as preprocessing rejects it, not a traceback."""
+    import shutil
+
+    from {{ cookiecutter.package }} import tasks
+
+    raw = tmp_path / "raw"
+    shutil.copytree(raw_dir, raw)
+    first = tasks.current().list_raw(str(raw)).units[0]
+    broken = raw / first.rsplit("/", 1)[0] / f"-empty{first[first.rindex('.') :]}"  # sorts first
+    broken.write_bytes(b"")
+    assert tasks.current().list_raw(str(raw)).units[0] == str(broken.relative_to(raw))
+    output, figures = run_module(
+        "bench_preprocess",
+        "--input",
+        str(raw),
+        "--config",
+        "configs/local.yaml",
+        *DATA_OVERRIDES,
+        "--min_files",
+        "10",
+        "--repeats",
+        "1",
+        "--no_multi",
+    )
+    assert figures["records"] > 0

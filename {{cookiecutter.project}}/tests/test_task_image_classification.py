@@ -1,0 +1,349 @@
+"""The image task: decoding and rejecting raw files, the feature spec round trip (Beam's
+encoder -> TFRecord -> tf.data's parser gives back the pixels, raw or JPEG), training crops,
+deterministic evaluation and predict, and the CSV index as raw input."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import run_preprocess
+from test_preprocess import assert_exact
+from {{ cookiecutter.package }} import config, input_pipeline, preprocess
+from {{ cookiecutter.package }}.errors import UserError
+from {{ cookiecutter.package }}.tasks.image_classification import features
+from {{ cookiecutter.package }}.tasks.image_classification.task import TASK
+
+
+def image_bytes(fmt: str, seed: int, size: int = 64) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def write_images(folder, names, size=(40, 30)) -> None:
+    """A different smooth RGB PNG (random colours, blended like a photo) per name under `folder`."""
+    for index, name in enumerate(names):
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        colours = np.random.default_rng(index).integers(0, 256, (3, 4, 3), dtype=np.uint8)
+        Image.fromarray(colours).resize(size, Image.Resampling.BILINEAR).save(path)
+
+
+def read_split(data_dir, manifest, split):
+    """(images, labels) of a split, in the evaluation pipeline's order, padding left out."""
+    files, counts = input_pipeline.split_files(str(data_dir), manifest, split)
+    images, labels = [], []
+    for batch_images, batch_labels, weights in input_pipeline.make_dataset(files, counts, manifest, 4, training=False):
+        keep = weights.numpy() > 0
+        images += list(batch_images.numpy()[keep])
+        labels += [manifest["label_names"][label] for label in batch_labels.numpy()[keep]]
+    return images, labels
+
+
+def test_encode_parse_round_trip():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(3, 8, 8, 3), dtype=np.uint8)
+    serialized = tf.constant([features.encode(image, label) for image, label in zip(images, [0, 2, 5])])
+    parsed_images, labels = features.parse_batch(serialized, 8)
+    np.testing.assert_array_equal(parsed_images.numpy(), images)
+    assert labels.numpy().tolist() == [0, 2, 5]
+    assert parsed_images.shape == (3, 8, 8, 3)  # static batch dimension kept
+
+
+def test_encode_refuses_wrong_images():
+    with pytest.raises(ValueError, match="expected a uint8"):
+        features.encode(np.zeros((8, 8), np.uint8), 0)
+
+
+def test_beam_output_parses_to_the_source_pixels(tmp_path):
+    """One image per class, so each record's label names its source file."""
+    raw = tmp_path / "raw"
+    modes = {"a": ("RGB", (40, 30)), "b": ("L", (17, 50)), "c": ("RGBA", (64, 64)), "d": ("P", (20, 20))}
+    rng = np.random.default_rng(1)
+    for label, (mode, size) in modes.items():
+        (raw / label).mkdir(parents=True)
+        pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+        Image.fromarray(pixels).convert(mode).save(raw / label / "image.png")
+    manifest = run_preprocess(raw, tmp_path / "out", "data.image_size=12", "data.eval_fraction=0.01")
+    assert manifest["label_names"] == ["a", "b", "c", "d"]
+    assert manifest["feature_spec"] == features.feature_spec(12)
+
+    seen = {}
+    for split in ("train", "eval"):
+        files, counts = input_pipeline.split_files(str(tmp_path / "out"), manifest, split)
+        if not files:  # four images: the eval split may well be empty
+            continue
+        for batch in input_pipeline.make_dataset(files, counts, manifest, 1, training=False):
+            image, label, weight = (t.numpy()[0] for t in batch)
+            if weight:
+                seen[manifest["label_names"][label]] = image
+    assert sorted(seen) == ["a", "b", "c", "d"]
+    for label, image in seen.items():
+        expected = features.load_image((raw / label / "image.png").read_bytes(), 12)
+        np.testing.assert_array_equal(image, expected)
+
+
+def test_truncated_images_do_not_decode(monkeypatch):
+    from PIL import ImageFile
+
+    # Even when another library has told PIL to decode truncated files (grey fill), they fail here.
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    for fmt in ("JPEG", "PNG"):
+        data = image_bytes(fmt, seed=0)
+        assert features.load_image(data, 8).shape == (8, 8, 3)
+        with pytest.raises(OSError) as caught:
+            features.load_image(data[: len(data) // 2], 8)
+        assert features.reject_reason(caught.value) == "truncated"
+
+
+def test_bad_inputs_are_rejected_and_counted(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    for label in ("a", "b"):
+        (raw / label).mkdir(parents=True)
+        for index in range(3):
+            (raw / label / f"ok_{index}.png").write_bytes(image_bytes("PNG", seed=index))
+            (raw / label / f"ok_{index}.jpg").write_bytes(image_bytes("JPEG", seed=index))
+    jpeg, png = image_bytes("JPEG", seed=7), image_bytes("PNG", seed=7)
+    bad = {
+        "a/empty.png": (b"", "empty"),
+        "a/half.jpg": (jpeg[: len(jpeg) // 2], "truncated"),
+        "b/half.png": (png[: len(png) // 2], "truncated"),
+        "b/text.jpeg": (b"not an image\n" * 20, "not_an_image"),
+        "b/upper.PNG": (b"\x00" * 100, "not_an_image"),
+    }
+    for relative, (data, _) in bad.items():
+        (raw / relative).write_bytes(data)
+    (raw / "README.md").write_text("ignored\n")
+    (raw / "a" / "notes.txt").write_text("ignored\n")
+    (raw / "a" / "nested").mkdir()
+    (raw / "a" / "nested" / "deep.png").write_bytes(image_bytes("PNG", seed=1))  # not RAW/<label>/<file>
+
+    output = tmp_path / "out"
+    manifest = run_preprocess(raw, output, "data.image_size=8")
+    printed = capsys.readouterr().out
+
+    assert manifest["rejected"]["count"] == len(bad)
+    assert manifest["rejected"]["by_reason"] == {"empty": 1, "not_an_image": 2, "truncated": 2}
+    assert manifest["ignored_files"] == 3
+    rejected = [json.loads(line) for line in (output / "rejected.jsonl").read_text().splitlines()]
+    assert {(r["source"], r["reason"]) for r in rejected} == {
+        (str(raw / relative), reason) for relative, (_, reason) in bad.items()
+    }
+    assert all(r["detail"] and " at 0x" not in r["detail"] for r in rejected)
+    assert sum(info["num_examples"] for info in manifest["splits"].values()) == 12
+    assert_exact(output, manifest)
+    # The Beam metrics, printed at the end.
+    assert "read 17, written 12, rejected 5" in printed
+    assert "'truncated': 2" in printed and "'empty': 1" in printed
+
+
+def test_resizing_keeps_the_aspect_ratio():
+    """A 3:1 image of blue | green | red thirds: the centre square is the green third, not a
+    squashed mix of all three."""
+    pixels = np.zeros((30, 90, 3), np.uint8)
+    pixels[:, :30, 2] = pixels[:, 30:60, 1] = pixels[:, 60:, 0] = 255
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    image = features.load_image(buffer.getvalue(), 10)
+    assert image.shape == (10, 10, 3)
+    # Squashed, each colour would average 85; the filter only blurs the crop's edges.
+    np.testing.assert_allclose(image.reshape(-1, 3).mean(axis=0), [0, 255, 0], atol=10)
+
+
+def test_jpeg_shards_round_trip_with_static_shapes(tmp_path):
+    raw = tmp_path / "raw"
+    write_images(raw, [f"{label}/{index}.png" for label in ("a", "b") for index in range(6)])
+    output = tmp_path / "out"
+    manifest = run_preprocess(
+        raw, output, "data.image_size=16", "data.image_encoding=jpeg", "data.eval_fraction=0.3", "--num_shards", "2"
+    )
+    assert manifest["image_encoding"] == "jpeg"
+    assert manifest["feature_spec"]["image"] == {
+        "dtype": "uint8",
+        "shape": [18, 18, 3],
+        "encoding": "jpeg",
+        "quality": features.JPEG_QUALITY,
+    }
+    data = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"]).data
+    manifest = input_pipeline.read_manifest(str(output), data)  # the code accepts its own JPEG spec
+
+    files, counts = input_pipeline.split_files(str(output), manifest, "train")
+    for training in (True, False):
+        dataset = input_pipeline.make_dataset(files, counts, manifest, 4, training=training)
+        assert dataset.element_spec[0].shape == (4, 16, 16, 3) and dataset.element_spec[0].dtype.name == "uint8"
+        images = next(iter(dataset))[0].numpy()
+        assert images.std() > 20  # decoded pixels, not a blank image
+
+    # Evaluation sees the centre 16 px of the 18 px image Beam stored, up to JPEG's loss.
+    images, labels = read_split(output, manifest, "eval")
+    assert images and len(labels) == manifest["splits"]["eval"]["num_examples"]
+    by_file = {}
+    for label in ("a", "b"):
+        for path in sorted((raw / label).iterdir()):
+            by_file[path] = features.load_image(path.read_bytes(), 18)[1:17, 1:17]
+    for image in images:
+        errors = [np.abs(image.astype(int) - expected).mean() for expected in by_file.values()]
+        assert min(errors) < 8 < sorted(errors)[1]  # close to exactly one source image
+
+
+def test_jpeg_shards_are_smaller_than_raw(tmp_path):
+    """Smooth images (like photos) at 64 px: JPEG stores a fraction of the raw pixels' bytes."""
+    raw = tmp_path / "raw"
+    write_images(raw, [f"a/{index}.png" for index in range(4)], size=(96, 80))
+    sizes = {}
+    for encoding in ("raw", "jpeg"):
+        manifest = run_preprocess(raw, tmp_path / encoding, "data.image_size=64", f"data.image_encoding={encoding}")
+        sizes[encoding] = sum(split["bytes"] for split in manifest["splits"].values())
+    assert sizes["jpeg"] * 3 < sizes["raw"]
+
+
+def test_random_crops_stay_inside_the_image():
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    for side, min_area in ((146, 0.08), (37, 0.25), (5, 0.5), (1, 0.25), (20, 1.0)):
+        y, x, height, width = features.random_windows(4000, side, min_area).numpy().T
+        assert (y >= 0).all() and (x >= 0).all() and (height >= 1).all() and (width >= 1).all()
+        assert (y + height <= side).all() and (x + width <= side).all()
+        if side > 30:
+            assert len(set(zip(y, x, height, width))) > 100  # random, not one window
+            assert (height * width).min() >= int(min_area * side * side * 0.75)  # clipped at most by 3/4
+    y, x, height, width = features.centre_windows(3, 146, 128).numpy().T
+    assert (y == 9).all() and (x == 9).all() and (height == 128).all() and (width == 128).all()
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_training_crops_and_flips_evaluation_does_not(encoding):
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    side = features.stored_side(16, encoding)
+    rng = np.random.default_rng(0)
+    records = tf.constant(
+        [features.encode(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), label, encoding) for label in range(8)]
+    )
+    manifest = {"image_size": 16, "image_encoding": encoding, "num_classes": 8}
+    data = config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"]).data
+    TASK.check_manifest(manifest, data, "data")
+
+    first, second = (TASK.parse_batch(records, manifest, training=True)[0].numpy() for _ in range(2))
+    assert first.shape == (8, 16, 16, 3) and not np.array_equal(first, second)
+    evaluation = [TASK.parse_batch(records, manifest, training=False)[0].numpy() for _ in range(2)]
+    np.testing.assert_array_equal(*evaluation)
+    # Training without data.augment takes the evaluation view.
+    TASK.check_manifest(
+        manifest, config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}"]).data, "data"
+    )
+    np.testing.assert_array_equal(TASK.parse_batch(records, manifest, training=True)[0].numpy(), evaluation[0])
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_predict_sees_what_evaluation_sees(tmp_path, encoding):
+    """predict's pixels for a file are the evaluation pipeline's pixels for it, every time."""
+    raw = tmp_path / "raw"
+    write_images(raw, ["a/wide.png", "b/tall.png"], size=(50, 20))
+    write_images(raw, ["c/small.png"], size=(7, 9))
+    output = tmp_path / "out"
+    manifest = run_preprocess(
+        raw, output, "data.image_size=12", f"data.image_encoding={encoding}", "data.eval_fraction=0.99"
+    )
+    assert manifest["splits"]["eval"]["num_examples"] == 3
+    images, labels = read_split(output, manifest, "eval")
+    paths = [str(raw / label / name) for label, name in (("a", "wide.png"), ("b", "tall.png"), ("c", "small.png"))]
+    names, predicted = TASK.predict_inputs(paths, str(tmp_path / "export"), manifest)
+    assert names == paths and predicted.shape == (3, 12, 12, 3)
+    np.testing.assert_array_equal(TASK.predict_inputs(paths, str(tmp_path / "export"), manifest)[1], predicted)
+    for image, label in zip(images, labels):
+        np.testing.assert_array_equal(image, predicted["abc".index(label)])
+
+
+def test_the_shards_encoding_must_match_the_config(tmp_path):
+    manifest = {"image_size": 16, "image_encoding": "raw"}
+    data = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg"]).data
+    with pytest.raises(
+        UserError,
+        match="data.image_encoding=jpeg but the shards in d store raw images; "
+        "set data.image_encoding=raw or re-run `make preprocess`",
+    ):
+        TASK.check_manifest(manifest, data, "d")
+
+
+def test_csv_index_with_and_without_ml_use(tmp_path):
+    images = tmp_path / "images"
+    names = [f"{label}_{index}.png" for label in ("cat", "dog") for index in range(8)]
+    write_images(images, names)
+    index = tmp_path / "index" / "labels.csv"
+    index.parent.mkdir()
+    # ML_USE on the first rows; the rest split by the hash of the path as written.
+    uses = ["training", "validation", "test", "TRAINING", "", ""] + [""] * 10
+    rows = []
+    for position, (name, use) in enumerate(zip(names, uses)):
+        path = f"../images/{name}" if position % 2 else str(images / name)  # relative and absolute
+        rows.append((use, path, name.split("_")[0]) if position < 6 else (path, name.split("_")[0]))
+    index.write_text("".join(",".join(row) + "\n" for row in rows) + "\n")  # a blank last line
+
+    output = tmp_path / "out"
+    manifest = run_preprocess(index, output, "data.image_size=8", "data.eval_fraction=0.5")
+    assert manifest["label_names"] == ["cat", "dog"] and manifest["rejected"]["count"] == 0
+    assert manifest["ignored_files"] == 0 and manifest["source"] == str(index)
+    forced = {"training": "train", "validation": "eval", "test": "eval", "TRAINING": "train"}
+    expected = [forced.get(row[0]) or preprocess.split_of(row[-2], 0.5) for row in rows]
+    assert expected[:4] == ["train", "eval", "eval", "train"] and set(expected[4:]) == {"train", "eval"}
+    for split in ("train", "eval"):
+        assert manifest["splits"][split]["num_examples"] == expected.count(split)
+    # The pixels come from the rows' files: each eval image is one of the images.
+    eval_images, _ = read_split(output, manifest, "eval")
+    sources = [features.load_image((images / name).read_bytes(), 8) for name in names]
+    assert all(any(np.array_equal(image, source) for source in sources) for image in eval_images)
+
+
+def test_bad_csv_rows_are_rejected_with_their_reason(tmp_path):
+    write_images(tmp_path, ["img/ok_1.png", "img/ok_2.png", "img/ok_3.png"])
+    (tmp_path / "img" / "broken.jpg").write_bytes(b"not a jpeg")
+    lines = [
+        "training,img/ok_1.png,cat",  # 1 ok
+        "img/ok_2.png,dog",  # 2 ok
+        "train,img/ok_3.png,cat",  # 3 ML_USE is `training`, not `train`
+        "validation,img/ok_3.png,",  # 4 empty label
+        "test,img/ok_3.png",  # 5 ML_USE and a path, no label
+        "img/missing.png,cat",  # 6 no such file
+        "training,img/ok_3.png,cat,dog",  # 7 multi-label: four columns
+        ",,cat",  # 8 no path
+        "img/broken.jpg,dog",  # 9 not an image
+    ]
+    index = tmp_path / "index.csv"
+    index.write_text("\n".join(lines) + "\n")
+    output = tmp_path / "out"
+    manifest = run_preprocess(index, output, "data.image_size=8")
+
+    assert manifest["rejected"]["by_reason"] == {
+        "bad_ml_use": 1,
+        "bad_row": 2,
+        "empty_label": 2,
+        "missing": 1,
+        "not_an_image": 1,
+    }
+    assert sum(split["num_examples"] for split in manifest["splits"].values()) == 2
+    rejected = {r["source"]: r for r in map(json.loads, (output / "rejected.jsonl").read_text().splitlines())}
+    assert {source: r["reason"] for source, r in rejected.items()} == {
+        f"{tmp_path}/index.csv:3": "bad_ml_use",
+        f"{tmp_path}/index.csv:4": "empty_label",
+        f"{tmp_path}/index.csv:5": "empty_label",
+        f"{tmp_path}/img/missing.png": "missing",
+        f"{tmp_path}/index.csv:7": "bad_row",
+        f"{tmp_path}/index.csv:8": "bad_row",
+        f"{tmp_path}/img/broken.jpg": "not_an_image",
+    }
+    assert "'train'" in rejected[f"{tmp_path}/index.csv:3"]["detail"]
+    assert_exact(output, manifest)
+
+
+def test_a_missing_csv_index_says_what_raw_must_be(tmp_path):
+    with pytest.raises(UserError, match="index.csv not found; RAW must be an image folder or a CSV index"):
+        TASK.list_raw(str(tmp_path / "index.csv"))

@@ -1,0 +1,332 @@
+"""The text task on its own: raw texts -> rejections, tokenizer, records, model, serving, doctor rules.
+
+Everything runs in-process on small generated data (no Beam job, no distribution strategy), so a
+failure here points at the task's code and not at the shared machinery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from {{ cookiecutter.package }}.errors import UserError
+from {{ cookiecutter.package }}.task import RawExample, RawRejection, Rejected
+from {{ cookiecutter.package }}.tasks.text_classification import TASK, doctor_rules, sample_data, tokenizer
+from {{ cookiecutter.package }}.tasks.text_classification.config import TextDataConfig, TextModelConfig
+
+SEQ_LEN = 16
+
+
+def read_all(root: Path) -> tuple[list[RawExample], list[RawRejection]]:
+    """What preprocessing reads from `root`: every listed unit through `read_raw`."""
+    examples, rejections = [], []
+    for unit in TASK.list_raw(str(root)).units:
+        for item in TASK.read_raw(unit, (root / unit).read_bytes()):
+            (examples if isinstance(item, RawExample) else rejections).append(item)
+    return examples, rejections
+
+
+def is_eval(source: str) -> bool:
+    """A stable ~25% held-out split by source, like preprocessing's hash split."""
+    return hashlib.sha256(source.encode("utf-8")).digest()[0] < 64
+
+
+@pytest.fixture(scope="module")
+def small_raw(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("text_raw")
+    TASK.write_sample_data(root, seed=0, small=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def fitted(small_raw) -> tuple[TextDataConfig, dict, list[RawExample], list[str]]:
+    """(data config, artifacts, examples, label names) after fitting the tokenizer on the small sample."""
+    data = TextDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
+    examples, _ = read_all(small_raw)
+    artifacts = TASK.fit([example.payload for example in examples], data, str(small_raw))
+    return data, artifacts, examples, sorted({example.label for example in examples})
+
+
+def manifest_for(data: TextDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
+    return {**TASK.manifest_fields(data, artifacts, {}), "num_classes": num_classes}
+
+
+@pytest.fixture
+def bfloat16_policy():
+    from {{ cookiecutter.package }}.keras import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    yield
+    keras.mixed_precision.set_global_policy(previous)
+
+
+# ----------------------------------------------------------------------------- raw input
+
+
+def test_sample_data_is_listed_read_and_rejected_by_reason(small_raw):
+    listing = TASK.list_raw(str(small_raw))
+    assert "README.txt" not in listing.units and listing.ignored == 1  # no label folder: ignored
+    assert "extra.jsonl" in listing.units and listing.units == sorted(listing.units)
+    examples, rejections = read_all(small_raw)
+    assert Counter(r.reason for r in rejections) == {"empty": 1, "not_utf8": 1, "not_json": 1, "missing_field": 1}
+    assert set(Counter(r.reason for r in rejections)) == set(TASK.reject_reasons)
+    assert len(examples) == 5 * 50 + 50
+    assert {example.label for example in examples} == set(sample_data.TOPICS)
+    assert all(example.payload.strip() for example in examples)
+
+
+def test_sample_data_is_deterministic(tmp_path):
+    for name in ("a", "b"):
+        sample_data.write_dataset(tmp_path / name, texts_per_class=3, jsonl_lines=4, seed=7)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert files and all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+
+
+def test_read_raw_text_files():
+    assert list(TASK.read_raw("news/1.txt", "\ufeffA text.\n".encode("utf-8"))) == [
+        RawExample("news/1.txt", "news", "A text.\n")
+    ]  # the byte-order mark is not text
+    [empty] = TASK.read_raw("news/2.txt", b" \n\t")
+    [latin1] = TASK.read_raw("news/3.txt", "café".encode("latin-1"))
+    assert (empty.source, empty.reason) == ("news/2.txt", "empty")
+    assert (latin1.source, latin1.reason) == ("news/3.txt", "not_utf8")
+
+
+def test_read_raw_json_lines_by_line():
+    lines = [
+        json.dumps({"text": "a fine text", "label": "ok", "id": 7}),
+        "",  # skipped, but still counted for the line numbers
+        "{not json",
+        json.dumps(["a list", "ok"]),
+        json.dumps({"text": "no label"}),
+        json.dumps({"text": "a number label", "label": 3}),
+        json.dumps({"text": "   ", "label": "ok"}),
+    ]
+    data = ("\n".join(lines) + "\n").encode("utf-8") + b'{"text": "caf\xe9", "label": "ok"}\n'
+    items = list(TASK.read_raw("more.jsonl", data))
+    assert items[0] == RawExample("more.jsonl:1", "ok", "a fine text")
+    assert [(item.source, item.reason) for item in items[1:]] == [
+        ("more.jsonl:3", "not_json"),
+        ("more.jsonl:4", "not_json"),
+        ("more.jsonl:5", "missing_field"),
+        ("more.jsonl:6", "missing_field"),
+        ("more.jsonl:7", "empty"),
+        ("more.jsonl:8", "not_utf8"),
+    ]
+
+
+def test_list_raw_without_texts_says_what_to_do(tmp_path):
+    (tmp_path / "notes.txt").write_text("a top-level text has no label")
+    with pytest.raises(UserError, match="make data"):
+        TASK.list_raw(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- tokenizer and records
+
+
+def test_tokenizer_fit_is_deterministic(fitted):
+    data, artifacts, examples, _ = fitted
+    texts = [example.payload for example in examples]
+    again = TASK.fit(list(reversed(texts)), data, "unused")  # order must not matter
+    assert again[tokenizer.MODEL_FILE] == artifacts[tokenizer.MODEL_FILE]
+    manifest = manifest_for(data, artifacts)
+    assert 0 < manifest["vocab_size"] <= data.vocab_size
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(artifacts[tokenizer.MODEL_FILE]).hexdigest()
+    pieces = tokenizer.processor(artifacts[tokenizer.MODEL_FILE])
+    assert (pieces.IdToPiece(0), pieces.unk_id(), pieces.bos_id(), pieces.eos_id()) == ("<pad>", 1, -1, -1)
+    with pytest.raises(UserError, match="raise data.vocab_size"):  # fewer pieces than distinct characters
+        TASK.fit(texts, TextDataConfig(vocab_size=10), "unused")
+
+
+def test_encode_parse_round_trip_pads_and_truncates(fitted):
+    import tensorflow as tf
+
+    data, artifacts, _, _ = fitted
+    short = RawExample("a/1.txt", "a", "The chef baked bread.")
+    long = RawExample("b/2.txt", "b", "The team scored a goal after halftime. " * 10)
+    records, stats = zip(*(TASK.encode(example, label, data, artifacts) for example, label in ((short, 3), (long, 1))))
+    full_long = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], long.payload)
+    full_short = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], short.payload)
+    assert len(full_long) > SEQ_LEN > len(full_short) > 0
+    assert stats[0] == {"examples": 1, "tokens": len(full_short), "truncated": 0, "kept_tokens": len(full_short)}
+    assert stats[1] == {"examples": 1, "tokens": len(full_long), "truncated": 1, "kept_tokens": SEQ_LEN}
+
+    padding = TASK.padding_record(manifest_for(data, artifacts))
+    ids, labels = TASK.parse_batch(tf.constant([*records, padding]), manifest_for(data, artifacts))
+    assert ids.shape == (3, SEQ_LEN) and ids.dtype == tf.int32 and labels.dtype == tf.int32  # static shape
+    ids = ids.numpy()
+    assert ids[0, : len(full_short)].tolist() == full_short and not ids[0, len(full_short) :].any()  # pad id 0
+    assert ids[1].tolist() == full_long[:SEQ_LEN]
+    assert ids[2].tolist() == [tokenizer.UNK_ID] + [0] * (SEQ_LEN - 1)
+    assert labels.numpy().tolist() == [3, 1, 0]
+
+
+def test_encode_rejects_text_without_tokens(fitted):
+    data, artifacts, _, _ = fitted
+    with pytest.raises(Rejected) as raised:
+        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), 0, data, artifacts)  # a zero-width space only
+    assert raised.value.reason == "empty"
+
+
+def test_manifest_length_statistics(fitted):
+    data, artifacts, _, _ = fitted
+    stats = {"examples": 4, "tokens": 80, "truncated": 2, "kept_tokens": 48}
+    fields = TASK.manifest_fields(data, artifacts, stats)
+    assert fields["seq_len"] == SEQ_LEN and fields["tokenizer"]["file"] == tokenizer.MODEL_FILE
+    assert fields["length_stats"] == {"mean_tokens": 20.0, "share_truncated": 0.5, "mean_padding": 0.25}
+
+
+# ----------------------------------------------------------------------------- input side
+
+
+def test_check_manifest_refuses_mismatched_shards(fitted, tmp_path):
+    data, artifacts, _, _ = fitted
+    manifest = manifest_for(data, artifacts)
+    with pytest.raises(UserError, match="tokenizer .* is missing"):
+        TASK.check_manifest(manifest, data, str(tmp_path))
+    (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
+    TASK.check_manifest(manifest, data, str(tmp_path))  # matching shards pass
+    with pytest.raises(UserError, match="data.seq_len=16"):
+        TASK.check_manifest(manifest, TextDataConfig(seq_len=32, vocab_size=1000), str(tmp_path))
+    (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE] + b"x")
+    with pytest.raises(UserError, match="shards and tokenizer do not match"):
+        TASK.check_manifest(manifest, data, str(tmp_path))
+
+
+def test_synthetic_batch_is_shaped_like_a_parsed_batch(fitted):
+    data, artifacts, _, _ = fitted
+    manifest = manifest_for(data, artifacts)
+    ids, labels = TASK.synthetic_batch(8, manifest)
+    assert ids.shape == (8, SEQ_LEN) and ids.dtype.name == "int32" and labels.shape == (8,)
+    assert ids.numpy().min() >= 2 and ids.numpy().max() < manifest["vocab_size"]
+
+
+# ----------------------------------------------------------------------------- model and serving
+
+
+def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy):
+    import tensorflow as tf
+
+    data, artifacts, _, _ = fitted
+    manifest = manifest_for(data, artifacts)
+    model = TASK.build_model(TextModelConfig(width=32, depth=1, heads=2, mlp_width=64), manifest)
+    assert model.name == "transformer" and model.input_names == ["ids"]
+    assert model.get_layer("token_embedding").input_dim % 128 == 0
+    ids, _ = TASK.synthetic_batch(4, manifest)
+    ids = tf.concat([ids[:, :3], tf.zeros([4, SEQ_LEN - 3], tf.int32)], axis=1)  # mostly padding
+    logits = model(ids, training=False)
+    assert logits.dtype == tf.float32 and logits.shape == (4, 5)
+    assert np.isfinite(logits.numpy()).all()
+    outputs = TASK.serving_signature(model, manifest)(ids)
+    assert outputs["class"].dtype == tf.int32 and outputs["class"].shape == (4,)
+    np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_model_refuses_width_not_divisible_by_heads(fitted):
+    data, artifacts, _, _ = fitted
+    with pytest.raises(UserError, match="model.heads"):
+        TASK.build_model(TextModelConfig(width=30, heads=4), manifest_for(data, artifacts))
+
+
+def test_predict_inputs_tokenizes_each_line(fitted, tmp_path):
+    data, artifacts, _, _ = fitted
+    manifest = manifest_for(data, artifacts)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
+    export = tmp_path / "export"
+    (export / "assets.extra").mkdir(parents=True)
+    for name, content in TASK.export_assets(manifest, str(tmp_path / "data")).items():
+        (export / "assets.extra" / name).write_bytes(content)
+    texts = tmp_path / "texts.txt"
+    long_line = "The team scored a goal after halftime. " * 3
+    texts.write_text(f"The chef baked bread.\n\n  \n{long_line}\n")
+    names, ids = TASK.predict_inputs([str(texts)], str(export), manifest)
+    assert names == ["texts.txt:1 The chef baked bread.", f"texts.txt:4 {long_line[:40]}"]
+    assert ids.shape == (len(names), SEQ_LEN) and ids.dtype == np.int32
+    assert ids[0].tolist()[:4] == tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], "The chef baked bread.")[:4]
+    with pytest.raises(UserError, match="does not exist"):
+        TASK.predict_inputs([str(tmp_path / "missing.txt")], str(export), manifest)
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(UserError, match="no text"):
+        TASK.predict_inputs([str(tmp_path / "blank.txt")], str(export), manifest)
+
+
+@pytest.mark.slow
+def test_sample_data_is_learnable(tmp_path):
+    """Plain Keras fit on sample texts encoded by the task's own code: a few hundred steps must
+    reach well above chance (0.2 for five topics) on texts it never saw. The topics overlap by
+    design, so a bag-of-words Bayes classifier tops out near 0.9 on this much data."""
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }}.keras import keras
+
+    sample_data.write_dataset(tmp_path, texts_per_class=300, jsonl_lines=0, seed=1)
+    examples, _ = read_all(tmp_path)
+    labels = sorted({example.label for example in examples})
+    data = TextDataConfig(seq_len=64)
+    train = [example for example in examples if not is_eval(example.source)]
+    held_out = [example for example in examples if is_eval(example.source)]
+    artifacts = TASK.fit([example.payload for example in train], data, str(tmp_path))
+    manifest = manifest_for(data, artifacts, len(labels))
+
+    def batch(subset):
+        return TASK.parse_batch(
+            tf.constant([TASK.encode(example, labels.index(example.label), data, artifacts)[0] for example in subset]),
+            manifest,
+        )
+
+    keras.utils.set_random_seed(0)
+    steps = 200
+    model = TASK.build_model(TextModelConfig(), manifest)
+    schedule = keras.optimizers.schedules.CosineDecay(0.0, steps, warmup_target=2e-3, warmup_steps=steps // 10)
+    model.compile(
+        keras.optimizers.AdamW(schedule, weight_decay=0.01),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        steps_per_execution=10,
+    )
+    train_ids, train_labels = batch(train)
+    dataset = tf.data.Dataset.from_tensor_slices((train_ids, train_labels)).shuffle(2048, seed=0).repeat()
+    model.fit(dataset.batch(32, drop_remainder=True), steps_per_epoch=steps, epochs=1, verbose=0)
+    held_ids, held_labels = batch(held_out)
+    _, accuracy = model.evaluate(held_ids, held_labels, verbose=0)
+    assert len(held_out) > 300 and accuracy >= 0.8, accuracy
+
+
+# ----------------------------------------------------------------------------- doctor rules
+
+
+def test_doctor_rules():
+    tpu, cpu = SimpleNamespace(kind="tpu"), SimpleNamespace(kind="cpu")
+
+    def cfg(**data):
+        return SimpleNamespace(data=TextDataConfig(**data))
+
+    def stats(truncated, padding):
+        return {
+            "seq_len": 128,
+            "length_stats": {"mean_tokens": 40.0, "share_truncated": truncated, "mean_padding": padding},
+        }
+
+    assert [name for name, _ in TASK.doctor_rules()] == [name for name, _ in doctor_rules.rules()]
+    assert doctor_rules.seq_len_tiles(cfg(seq_len=256), tpu, None)[0] == "pass"
+    assert doctor_rules.seq_len_tiles(cfg(seq_len=200), tpu, None)[0] == "warn"
+    status, _, fix = doctor_rules.seq_len_tiles(cfg(seq_len=100), tpu, None)
+    assert status == "fail" and "data.seq_len=128" in fix
+    assert doctor_rules.seq_len_tiles(cfg(seq_len=100), None, None)[0] == "skip"
+    assert doctor_rules.embedding_rows(cfg(), tpu, {"vocab_size": 1999})[0] == "pass"
+    assert doctor_rules.embedding_rows(cfg(vocab_size=500), tpu, {"vocab_size": 1999})[0] == "warn"
+    assert doctor_rules.sequence_fit(cfg(), tpu, stats(0.05, 0.3))[0] == "pass"
+    status, _, fix = doctor_rules.sequence_fit(cfg(), tpu, stats(0.3, 0.3))
+    assert status == "warn" and "raise data.seq_len" in fix
+    status, _, fix = doctor_rules.sequence_fit(cfg(), cpu, stats(0.0, 0.7))
+    assert status == "warn" and "data.seq_len=64" in fix
+    assert doctor_rules.sequence_fit(cfg(), tpu, stats(0.0, 0.7))[0] == "pass"  # 128 is the TPU's floor
+    assert doctor_rules.sequence_fit(cfg(), tpu, None)[0] == "skip"
