@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT
 
 TINY = (
@@ -40,6 +41,7 @@ def run_module(module: str, *args: str) -> tuple[str, dict]:
     return result.stdout, json.loads(lines[-1])
 
 
+@pytest.mark.slow  # compiles the model on 8 replicas twice (synthetic and real data)
 def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data_dir):
     output, figures = run_module(
         "bench_input", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY, "--seconds", "0.3"
@@ -56,6 +58,7 @@ def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data
     assert figures["optimized_examples_per_s"] > 0 and figures["naive_examples_per_s"] > 0
 
 
+@pytest.mark.slow  # compiles the model once per candidate
 def test_bench_spe_measures_every_candidate(data_dir):
     output, figures = run_module("bench_spe", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY)
     assert "calibrating steps_per_execution" in output

@@ -347,3 +347,28 @@ def test_bad_csv_rows_are_rejected_with_their_reason(tmp_path):
 def test_a_missing_csv_index_says_what_raw_must_be(tmp_path):
     with pytest.raises(UserError, match="index.csv not found; RAW must be an image folder or a CSV index"):
         TASK.list_raw(str(tmp_path / "index.csv"))
+
+
+def test_csv_index_on_gcs(gcs_bucket, tmp_path):
+    """RAW=gs://.../index.csv, with rows relative to its folder and rows naming gs:// URIs."""
+    from apache_beam.io.filesystems import FileSystems
+
+    def upload(path, data: bytes):
+        with FileSystems.create(path) as handle:
+            handle.write(data)
+
+    write_images(tmp_path, ["a.png", "b.png", "c.png"])
+    for name in ("a.png", "b.png"):
+        upload(gcs_bucket.path("csv", "images", name), (tmp_path / name).read_bytes())
+    elsewhere = gcs_bucket.path("elsewhere", "c.png")
+    upload(elsewhere, (tmp_path / "c.png").read_bytes())
+    index = gcs_bucket.path("csv", "index.csv")
+    rows = ["training,images/a.png,x", "validation,images/b.png,y", f"test,{elsewhere},x", "training,images/gone.png,y"]
+    upload(index, ("\n".join(rows) + "\n").encode())
+
+    output = tmp_path / "out"
+    manifest = run_preprocess(index, output, "data.image_size=8")
+    assert manifest["splits"]["train"]["num_examples"] == 1 and manifest["splits"]["eval"]["num_examples"] == 2
+    [rejected] = map(json.loads, (output / "rejected.jsonl").read_text().splitlines())
+    assert (rejected["source"], rejected["reason"]) == (gcs_bucket.path("csv", "images", "gone.png"), "missing")
+    assert gcs_bucket.blocked_requests() == []
