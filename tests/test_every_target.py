@@ -201,7 +201,7 @@ def get_json(port: int, path: str):
         return json.load(response)
 
 
-def serve_tensorboard(project: Path, check, timeout: float = 90) -> None:
+def serve_tensorboard(project: Path, check, timeout: float = 240) -> None:
     """Starts `make tensorboard` and polls its HTTP API until check(port) holds (it loads the logs
     in the background after it starts answering)."""
     port = free_port()

@@ -9,8 +9,9 @@ A row that cannot become an example is rejected with its reason, like a bad imag
 number of columns, an unknown ML_USE, an empty label (as `index.csv:LINE`), and a file that does
 not exist (as its path, when the image is read).
 
-The index is one Beam work item; the images it names are read by the encoding step, so the
-listing itself stays small however many rows it has.
+The index is one Beam work item. The images it names are read in the encoding step, where a
+missing file is rejected: until then an example is a path, not pixels, while preprocessing gathers
+the labels and split sizes.
 """
 
 from __future__ import annotations
