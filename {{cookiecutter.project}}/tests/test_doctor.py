@@ -505,3 +505,16 @@ def test_preemption_window_uses_the_last_run(data_dir, tmp_path):
     (run / "metrics.json").write_text(json.dumps({"examples_per_second": 12800.0, "checkpoint_save_seconds": 2.0}))
     assert check(data_dir, output_dir=str(run))["train.preemption_window"].status == engine.PASS
     assert check(data_dir, output_dir=str(tmp_path / "no-run"))["train.preemption_window"].status == engine.SKIP
+
+
+def test_host_input_capacity_against_the_last_run(data_dir, tmp_path):
+    """The host's real input, run for two seconds, against what the last run's chips consumed."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("train:\n  steps_per_execution: 4\n  global_batch_size: 128\n")
+    (run / "metrics.json").write_text(json.dumps({"examples_per_second": 1e9}))  # chips no host could feed
+    rule = check(data_dir, output_dir=str(run))["input.host_capacity"]
+    assert rule.status == engine.WARN and "input-bound" in rule.message and "num_shards" in rule.fix
+    (run / "metrics.json").write_text(json.dumps({"examples_per_second": 1.0}))
+    assert check(data_dir, output_dir=str(run))["input.host_capacity"].status == engine.PASS
+    assert check(data_dir, output_dir=str(tmp_path / "no-run"))["input.host_capacity"].status == engine.SKIP

@@ -70,6 +70,66 @@ def input_static_shapes(ctx: Context) -> Verdict:
     return passed(f"static shapes: {'; '.join(shapes)}")
 
 
+# The host must deliver examples this much faster than the chips consume them: decoding shares
+# the host's cores with everything else, and a margin absorbs slow files and GC pauses.
+HOST_INPUT_MARGIN = 1.25
+HOST_INPUT_SECONDS = 2.0
+
+
+@rule("input.host_capacity")
+def input_host_capacity(ctx: Context) -> Verdict:
+    """The training input of one host, run for a couple of seconds on this machine's CPUs, against
+    the examples per second per host that the last run's chips consumed."""
+    manifest, needed_total = ctx.manifest, ctx.history.examples_per_second
+    if manifest is None:
+        return skip("no usable manifest (see data.manifest)")
+    if not needed_total:
+        return skip(
+            f"no finished run in {ctx.cfg.runtime.output_dir} says how fast the chips consume examples "
+            "(train once, or compare with `make bench`)"
+        )
+    if ctx.per_replica_batch is None:
+        return skip("the global batch does not divide (see batch.divisible)")
+    import time
+
+    from .. import input_pipeline
+
+    cfg, target = ctx.cfg, ctx.target
+    files, examples_per_file = input_pipeline.split_files(cfg.data.dir, manifest, "train")
+    replicas_per_host = max(1, target.replicas // target.hosts)
+    dataset = input_pipeline.make_dataset(
+        files,
+        examples_per_file,
+        manifest,
+        ctx.per_replica_batch,
+        training=True,
+        num_pipelines=target.hosts,
+        replicas_per_pipeline=replicas_per_host,
+        compression=manifest.get("compression", "none"),
+        seed=cfg.runtime.seed,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+    )
+    iterator = iter(dataset)
+    next(iterator)  # threads started, first files open
+    batches, started = 0, time.perf_counter()
+    while time.perf_counter() - started < HOST_INPUT_SECONDS:
+        next(iterator)
+        batches += 1
+    delivered = batches * ctx.per_replica_batch / (time.perf_counter() - started)
+    needed = needed_total / target.hosts
+    found = (
+        f"this host decodes {delivered:,.0f} examples/s; the last run consumed {needed:,.0f} per host "
+        f"({needed_total:,.0f} in all)"
+    )
+    if delivered < HOST_INPUT_MARGIN * needed:
+        return warn(
+            f"{found}: training would be input-bound",
+            "write more shards (preprocess --num_shards), store raw pixels instead of JPEG at small sizes, "
+            "turn data.augment off, or use a VM with more host cores; `make bench` measures each",
+        )
+    return passed(f"{found} ({delivered / needed:.1f}x)")
+
+
 @rule("data.manifest")
 def data_manifest(ctx: Context) -> Verdict:
     manifest, error, fix = ctx.manifest_or_error
