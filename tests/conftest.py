@@ -24,7 +24,7 @@ def bake(output_dir: Path, **answers) -> Path:
 
 def project_env() -> dict:
     """Environment for running a baked project's make targets with the shared virtualenv."""
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MAKEFLAGS", "MFLAGS")}
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env['PATH']}"
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
