@@ -17,14 +17,19 @@ TASKS = OPTIONS["task"]
 VENV = Path(sys.prefix)  # the template's .venv, shared with every baked project
 
 
-def bake(output_dir: Path, **answers) -> Path:
-    """Generates a project without prompts; returns its directory."""
-    return Path(cookiecutter(str(ROOT), no_input=True, output_dir=str(output_dir), extra_context=answers))
+def bake(output_dir: Path, template: Path = ROOT, **answers) -> Path:
+    """Generates a project without prompts (from this template, or a clone of it); returns its directory."""
+    return Path(cookiecutter(str(template), no_input=True, output_dir=str(output_dir), extra_context=answers))
+
+
+# What an outer `make test` leaves in the environment: a baked project's make must not see it (at
+# MAKELEVEL 1 it would print "Entering/Leaving directory" around each target's output).
+OUTER_MAKE = ("PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
 
 
 def project_env() -> dict:
     """Environment for running a baked project's make targets with the shared virtualenv."""
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env = {key: value for key, value in os.environ.items() if key not in OUTER_MAKE}
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env['PATH']}"
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env

@@ -83,6 +83,7 @@ TARGETS: dict[str, dict] = {
     "pod-logs": {"after": DRY},
     "train-bg": {"after": DRY},
     "logs": {"after": DRY},
+    "template-update": {"special": "run by tests/test_update.py against a newer commit of a template clone"},
     "clean": {"special": "last: removes data and runs"},
 }
 
@@ -245,7 +246,7 @@ def test_without_prerequisites_every_target_fails_in_one_line(project):
 
 
 def predict_inputs(project: Path) -> list[str]:
-    if json.loads((project / ".cookiecutter.json").read_text())["task"] == "text_classification":
+    if json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]["task"] == "text_classification":
         (project / "texts.txt").write_text("a first text to classify\nand a second one\n")
         return ["texts.txt"]
     images = sorted(p for p in (project / "data/raw").rglob("*") if p.suffix in (".png", ".jpg", ".jpeg"))
