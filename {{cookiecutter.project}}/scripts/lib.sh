@@ -6,6 +6,9 @@
 #   is_tpu_vm         true on a Cloud TPU VM: TPU_VM=1/0 decides if set, else the TPU device files
 #                     (/dev/accel* on v2-v4, /dev/vfio/<n> on v5e, v5p, v6e). No network calls.
 #   die MESSAGE       prints "error: MESSAGE" on stderr and exits 1.
+#   require_gcloud_login GCLOUD
+#                     gcloud is installed and has an account (a local check, no network), else
+#                     one line with the fix.
 
 dry_run() {
     [ "${DRY_RUN:-0}" = 1 ]
@@ -51,6 +54,15 @@ run() {
         printf '\n' >&2
         "$@"
     fi
+}
+
+require_gcloud_login() {
+    local gcloud="$1" account
+    command -v "$gcloud" >/dev/null 2>&1 || die "$gcloud is not installed: install the Google Cloud CLI" \
+        "(https://cloud.google.com/sdk/docs/install), then run gcloud auth login"
+    account=$("$gcloud" config get-value account 2>/dev/null) || account=""
+    [ -n "$account" ] || die "gcloud has no account to act as: run gcloud auth login (on a TPU VM, gcloud uses the" \
+        "VM's service account); CLOUDSDK_CONFIG=${CLOUDSDK_CONFIG:-~/.config/gcloud}"
 }
 
 is_tpu_vm() {

@@ -17,6 +17,7 @@ from typing import Any, Literal, Sequence, Union
 
 import yaml
 
+from . import gcp
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -344,7 +345,10 @@ def command_line(description: str, argv: Sequence[str] | None, add_arguments=Non
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger(__package__).setLevel(logging.INFO)
-    return load(args.config, args.overrides), args
+    gcp.quiet_logging()
+    config = load(args.config, args.overrides)
+    gcp.require_credentials({"data.dir": config.data.dir, "runtime.output_dir": config.runtime.output_dir})
+    return config, args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 Anything a user can get wrong (a config key, a data directory, the machine) raises `UserError`
 with a message that says what is wrong and how to fix it. The command-line entry points wrap
-their `main` in `run_cli`, which prints that message on one line instead of a traceback.
+their `main` in `run_cli`, which prints that message on one line instead of a traceback; so too a
+permission error from Cloud Storage, with the bucket and the identity (see gcp.py).
 """
 
 from __future__ import annotations
@@ -21,5 +22,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         status = main(argv)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as error:
+        from .gcp import denied_message
+
+        message = denied_message(error)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     sys.exit(status or 0)

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Sequence
 
-from . import tasks
+from . import gcp, tasks
 from .errors import UserError, run_cli
 
 
@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.inputs:
         raise UserError('no input given; pass files to classify, e.g. make predict INPUT="path ..."')
+    gcp.require_credentials({"--run": args.run})
     for name, label, probability in predict(args.run, args.inputs):
         print(f"{label}\t{probability:.3f}\t{name}")
     return 0

@@ -51,10 +51,10 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from . import config as config_lib
-from . import tasks, topology
+from . import gcp, tasks, topology
 from .errors import UserError, run_cli
 from .task import RawRejection, Rejected
 
@@ -506,6 +506,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Beam parses --dry_run as a string: "False" must not count.
     dry_run = str(options.get_all_options().get("dry_run")).lower() in ("true", "1", "yes")
     on_dataflow = "dataflow" in (options.view_as(StandardOptions).runner or "").lower()
+    cloud = options.view_as(GoogleCloudOptions)
+    gcp.require_credentials(
+        {
+            "--input": args.input,
+            "--output": args.output,
+            "--temp_location": cloud.temp_location,
+            "--staging_location": cloud.staging_location,
+        },
+        service="the Dataflow runner" if on_dataflow and not dry_run else None,
+    )
 
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
@@ -549,6 +559,7 @@ def quiet_beam_logging() -> None:
     FnApiRunner hands its workers no pipeline options, so --sdk_harness_log_level_overrides cannot
     reach them); real worker warnings still show."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    gcp.quiet_logging()
     logging.getLogger("apache_beam.runners.portability.local_job_service").addFilter(
         lambda record: "No semi_persistent_directory found" not in record.getMessage()
     )

@@ -56,6 +56,7 @@ import sys
 from typing import Sequence
 
 from .. import config as config_lib
+from .. import gcp
 from .. import topology as topology_lib
 
 # One module of rules per topic; each registers its rules on import.
@@ -95,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.global_batch_size=1024")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, args.overrides)
+    gcp.require_credentials({"data.dir": cfg.data.dir, "runtime.output_dir": cfg.runtime.output_dir})
     _keep_tensorflow_off_the_accelerators()
     from .. import distribute
 
