@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -145,12 +146,48 @@ def test_auto_steps_per_execution_is_measured(data_dir, tmp_path):
     from {{ cookiecutter.package }} import input_pipeline
 
     manifest = input_pipeline.read_manifest(str(data_dir))
-    chosen, measurements = train.choose_steps_per_execution(cfg, resolved, manifest)
+    chosen, measurements = train.choose_steps_per_execution(cfg, resolved, manifest, exhaustive=True)
     assert [m.steps_per_execution for m in measurements] == steps_per_execution.candidates(16) == [1, 4, 16]
     assert all(m.steps_per_second > 0 for m in measurements)
     best = max(m.steps_per_second for m in measurements)
     assert isinstance(chosen, int)
     assert next(m for m in measurements if m.steps_per_execution == chosen).steps_per_second >= 0.95 * best
+
+
+class FakeModel:
+    """Stands in for a Keras model in the calibration loop: a train function whose execution takes
+    `compute * spe + overhead` seconds of real sleep."""
+
+    def __init__(self, compute, overhead):
+        self.compute, self.overhead, self.steps_per_execution = compute, overhead, 1
+
+    def make_train_function(self, force):
+        def run(iterator):
+            time.sleep(self.compute * self.steps_per_execution + self.overhead)
+            return {"loss": tf.constant(0.0)}
+
+        return run
+
+
+@pytest.mark.parametrize(
+    "compute, overhead, measured",
+    [
+        (0.01, 0.0, [1, 4]),  # compute-bound (a CPU): 4 gains nothing, so 16 and 64 cannot gain 5%
+        (0.0, 0.004, [1, 4, 16, 64]),  # dispatch-bound (a small model on a TPU): every factor of 4 pays
+    ],
+    ids=["compute-bound", "dispatch-bound"],
+)
+def test_calibration_stops_when_larger_values_cannot_gain(compute, overhead, measured):
+    calibration = steps_per_execution.calibrate(
+        lambda: FakeModel(compute, overhead), lambda: None, 64, min_seconds=0.05
+    )
+    assert [m.steps_per_execution for m in calibration.measurements] == measured
+    assert calibration.chosen.steps_per_execution == measured[0 if compute else -1]
+    assert (calibration.stopped is None) == (measured[-1] == 64), calibration.stopped
+    full = steps_per_execution.calibrate(
+        lambda: FakeModel(compute, overhead), lambda: None, 64, min_seconds=0.05, exhaustive=True
+    )
+    assert [m.steps_per_execution for m in full.measurements] == [1, 4, 16, 64]
 
 
 def test_calibration_picks_the_smallest_value_near_the_fastest():
