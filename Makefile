@@ -1,8 +1,9 @@
 # The template's own commands. Each creates the virtualenv it needs (.venv, shared by the baked projects).
 #   make demo   bake a project with the default answers into build/demo/ and run it end to end on the CPU
-#   make test       the template's whole test suite (what CI runs): every option baked, the hooks, each
-#                   bake's fast tests, and the end-to-end runs (both tasks, every make target)
+#   make test       the template's test suite (what CI runs): every option baked, the hooks, the template
+#                   update, each bake's fast tests, and the end-to-end runs (both tasks, every make target)
 #   make test-fast  the same without the end-to-end runs (pytest -m "not slow"): a few minutes
+#   make test-release  each bake's own slow tier, kept out of make test (pytest -m release): about 30 minutes
 #   make lint       ruff on the template's Python files (tools/ruff_template.py); make format applies it
 SHELL := bash
 PYTHON ?= python3
@@ -11,7 +12,7 @@ TEMPLATE := {{cookiecutter.project}}
 DEMO := build/demo/tpu-trainer
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint format venv clean
+.PHONY: demo test test-fast test-release lint format venv clean
 
 $(VENV)/.installed: requirements-test.txt $(TEMPLATE)/requirements.txt $(TEMPLATE)/requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +24,13 @@ $(VENV)/.installed: requirements-test.txt $(TEMPLATE)/requirements.txt $(TEMPLAT
 venv: $(VENV)/.installed
 
 test: venv
-	$(VENV)/bin/python -m pytest -q tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -m "not release" tests $(PYTEST_ARGS)
 
 test-fast: venv
-	$(VENV)/bin/python -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -m "not slow and not release" tests $(PYTEST_ARGS)
+
+test-release: venv
+	$(VENV)/bin/python -m pytest -q -m release tests $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/python tools/ruff_template.py check --ruff $(VENV)/bin/ruff

@@ -1,6 +1,5 @@
 """steps_per_execution: steps/s of each candidate on the real model, strategy and input, and the
-value `train.steps_per_execution: auto` picks (the smallest within 5% of the fastest). Every
-candidate is measured here; `auto` in training stops early once larger values cannot gain 5%.
+value `train.steps_per_execution: auto` picks (the smallest within 5% of the fastest).
 
     make bench-spe        # python -m {{ cookiecutter.package }}.bench_spe --config configs/local.yaml
 
@@ -27,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
     set_precision(cfg.runtime.mixed_precision)
-    chosen, measurements = choose_steps_per_execution(cfg, resolved, manifest, exhaustive=True)
+    chosen, measurements = choose_steps_per_execution(cfg, resolved, manifest)
     rate = {m.steps_per_execution: m.steps_per_second for m in measurements}
     best = max(rate.values())
     print(

@@ -8,12 +8,6 @@ strategy and input, and keep the smallest one within 5% of the fastest. Candidat
 would take longer than `train.max_seconds_per_execution` at the measured step time are not tried:
 a preemption notice waits for the current execution to finish, then for a checkpoint save, and
 both must fit in the ~30 s a Spot TPU VM gets.
-
-The sweep also stops once a factor of 4 gained less than 5%. With a step time of `compute +
-overhead / spe`, each further factor of 4 gains at most about a quarter of the previous gain, so all
-of them together stay under 5% and the choice would not change; on a CPU or GPU, where the
-compute dominates, this saves measuring the largest candidates (hundreds of steps). `make bench-spe`
-measures every candidate regardless.
 """
 
 from __future__ import annotations
@@ -64,45 +58,28 @@ def choose(measurements: list[Measurement]) -> Measurement:
     )
 
 
-@dataclass
-class Calibration:
-    chosen: Measurement
-    measurements: list[Measurement]
-    stopped: str | None  # why larger candidates were not measured, if they were not
-
-
 def calibrate(
     build_model: Callable,
     make_iterator: Callable,
     limit: int,
     min_seconds: float = 1.5,
     max_seconds_per_execution: float | None = None,
-    exhaustive: bool = False,
-) -> Calibration:
-    """Times the candidates on a throwaway model, stopping when larger ones cannot gain (unless
-    `exhaustive`) or would exceed `max_seconds_per_execution`.
+):
+    """Times each candidate on a throwaway model; returns (chosen, all measurements).
 
     `build_model()` returns a compiled model (in the strategy's scope) and `make_iterator()` an
     iterator over the distributed training data. The model is discarded afterwards so that the
     calibration steps never touch the weights that are trained.
     """
     model, iterator = build_model(), make_iterator()
-    measurements, stopped = [], None
+    measurements, cap = [], limit
     for value in candidates(limit):
-        if measurements and max_seconds_per_execution:
-            # Steps that fit in the time bound, at the latest (most amortised) measured rate.
-            if value > max(1, int(max_seconds_per_execution * measurements[-1].steps_per_second)):
-                stopped = f"one execution would exceed train.max_seconds_per_execution={max_seconds_per_execution:g} s"
-                break
-        if len(measurements) >= 2 and not exhaustive:
-            gain = measurements[-1].steps_per_second / measurements[-2].steps_per_second - 1
-            if gain < TOLERANCE:
-                stopped = (
-                    f"steps_per_execution {measurements[-1].steps_per_execution} gained {gain:+.1%} over "
-                    f"{measurements[-2].steps_per_execution}: larger values cannot gain {TOLERANCE:.0%}"
-                )
-                break
+        if value > cap:
+            break
         measurements.append(measure(model, iterator, value, min_seconds))
+        if max_seconds_per_execution:
+            # Steps that fit in the time bound, at the latest (most amortised) measured rate.
+            cap = min(cap, max(1, int(max_seconds_per_execution * measurements[-1].steps_per_second)))
     chosen = choose(measurements)
     del model, iterator
-    return Calibration(chosen, measurements, stopped)
+    return chosen, measurements

@@ -191,9 +191,8 @@ class TrainingMonitor(keras.callbacks.Callback):
         return steps * self.cfg.effective_batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
 
-def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict, exhaustive: bool = False):
-    """(`train.steps_per_execution`, the measurements): measured when it is `auto` (every candidate
-    when `exhaustive`, as `make bench-spe` asks)."""
+def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
+    """(`train.steps_per_execution`, the measurements): measured when it is `auto`."""
     if cfg.train.steps_per_execution != "auto":
         return int(cfg.train.steps_per_execution), []
     limit = max(1, min(cfg.train.log_every, cfg.train.checkpoint_every, cfg.train.total_steps))
@@ -217,16 +216,19 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifes
         return iter(dataset)
 
     print(f"calibrating steps_per_execution (candidates up to {limit}):", flush=True)
-    calibration = spe_lib.calibrate(
-        build, iterator, limit, max_seconds_per_execution=cfg.train.max_seconds_per_execution, exhaustive=exhaustive
+    chosen, measurements = spe_lib.calibrate(
+        build, iterator, limit, max_seconds_per_execution=cfg.train.max_seconds_per_execution
     )
-    chosen, measurements = calibration.chosen, calibration.measurements
     for m in measurements:
         mark = "  <- chosen" if m is chosen else ""
         print(f"  steps_per_execution {m.steps_per_execution:4d}: {m.steps_per_second:8.2f} steps/s{mark}", flush=True)
     skipped = [value for value in spe_lib.candidates(limit) if value > measurements[-1].steps_per_execution]
     if skipped:
-        print(f"  not tried: {', '.join(map(str, skipped))} ({calibration.stopped})", flush=True)
+        print(
+            f"  not tried: {', '.join(map(str, skipped))} (one execution would exceed "
+            f"train.max_seconds_per_execution={cfg.train.max_seconds_per_execution:g} s)",
+            flush=True,
+        )
     return chosen.steps_per_execution, measurements
 
 
