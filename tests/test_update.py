@@ -94,8 +94,8 @@ def test_update_from_before_the_task_seam_equals_a_fresh_bake_plus_the_edit(temp
     assert state["context"]["cookiecutter"]["description"] == ANSWERS["description"]
 
 
-def make_template_update(project: Path, *variables: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "template-update", f"VENV={VENV}", *variables], cwd=project,
+def make_template_update(project: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "template-update", f"VENV={VENV}"], cwd=project,
                           env={**project_env(), **GIT_ENV}, capture_output=True, text=True, timeout=300)
 
 
