@@ -72,7 +72,7 @@ def test_rerunning_a_finished_run_only_evaluates(finished_run, capsys):
     assert "resumed from step 48" in printed and "calibrating" not in printed
     assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
     assert again["global_step"] == 48
-    # Same weights; bfloat16 sums in another order may flip one borderline example at most.
+    # Same weights and the same replica statistics (see test_evaluation_uses_the_statistics_a_checkpoint_stores).
     assert abs(again["accuracy"] - metrics["accuracy"]) <= 1.5 / again["eval_examples"]
 
 
@@ -126,6 +126,33 @@ def test_mixed_bfloat16_keeps_float32_variables_and_logits(data_dir, tmp_path):
         assert model(inputs).dtype == tf.float32
     finally:
         set_precision("float32")
+
+
+def test_evaluation_uses_the_statistics_a_checkpoint_stores():
+    """Batch norm's moving statistics are per replica while training; evaluation first gives every
+    replica their mean, so that evaluating in the training process equals evaluating after a restore."""
+    from {{ cookiecutter.package }}.evaluate import sync_replica_statistics
+    from {{ cookiecutter.package }}.keras import keras
+
+    strategy = distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime).strategy
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(momentum=0.0)])
+
+    @tf.function
+    def train_step():
+        def replica_fn():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            model(tf.fill((2, 4), tf.cast(replica, tf.float32)), training=True)
+
+        strategy.run(replica_fn)
+
+    train_step()
+    moving_mean = model.layers[0].moving_mean
+    before = [float(t[0]) for t in strategy.experimental_local_results(moving_mean)]
+    assert before == list(range(8))  # each replica's own batches
+    sync_replica_statistics(model, strategy)
+    after = [float(t[0]) for t in strategy.experimental_local_results(moving_mean)]
+    assert after == [3.5] * 8 and float(moving_mean.numpy()[0]) == 3.5
 
 
 @pytest.mark.slow

@@ -26,8 +26,25 @@ def run_path(output_dir: str, *parts: str) -> str:
     return "/".join([output_dir.rstrip("/"), *parts])
 
 
+def sync_replica_statistics(model, strategy: tf.distribute.Strategy) -> None:
+    """Gives every replica the mean of the per-replica statistics (batch norm's moving mean and
+    variance): the values a checkpoint stores and the export serves.
+
+    Such variables are synchronised on read: during training each replica updates its own copy from
+    its own batches. Left alone, an evaluation in the training process would judge each replica's
+    share of the eval set with that replica's statistics, and so disagree with the same evaluation
+    after a restore (or with the exported model), most of all early in training and with small
+    per-replica batches.
+    """
+    with strategy.scope():
+        for variable in model.non_trainable_variables:
+            if getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ:
+                variable.assign(variable.read_value())
+
+
 def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> dict:
     """Weighted accuracy and cross-entropy over the whole eval split, and its throughput."""
+    sync_replica_statistics(model, strategy)
     dataset, steps = input_pipeline.distributed_dataset(
         strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
     )
