@@ -11,6 +11,10 @@ VENV := $(CURDIR)/.venv
 TEMPLATE := {{cookiecutter.project}}
 DEMO := build/demo/tpu-trainer
 PYTEST_ARGS ?=
+# Parallel pytest workers (pytest-xdist; 0 runs in this process). Two halve the suite on 2 cores: most
+# of a bake's run is single-threaded graph tracing, so the runs overlap well.
+WORKERS ?= 2
+PYTEST := $(VENV)/bin/python -m pytest -q -n $(WORKERS) --dist worksteal
 
 .PHONY: demo test test-fast test-release lint format venv clean
 
@@ -24,13 +28,13 @@ $(VENV)/.installed: requirements-test.txt $(TEMPLATE)/requirements.txt $(TEMPLAT
 venv: $(VENV)/.installed
 
 test: venv
-	$(VENV)/bin/python -m pytest -q -m "not release" tests $(PYTEST_ARGS)
+	$(PYTEST) -m "not release" tests $(PYTEST_ARGS)
 
 test-fast: venv
-	$(VENV)/bin/python -m pytest -q -m "not slow and not release" tests $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow and not release" tests $(PYTEST_ARGS)
 
 test-release: venv
-	$(VENV)/bin/python -m pytest -q -m release tests $(PYTEST_ARGS)
+	$(PYTEST) -m release tests $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/python tools/ruff_template.py check --ruff $(VENV)/bin/ruff
