@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -33,6 +35,15 @@ def project_env() -> dict:
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env['PATH']}"
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
+
+
+@contextlib.contextmanager
+def shared_venv_lock():
+    """One `make setup` at a time into the shared virtualenv: the suite runs on several pytest
+    workers, and two pip installs of the same project into one environment race."""
+    with open(VENV / ".setup.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

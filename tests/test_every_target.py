@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VENV, bake, project_env
+from conftest import VENV, bake, project_env, shared_venv_lock
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,8 @@ def listed_targets(project: Path) -> dict[str, str]:
 def project(tmp_path_factory) -> Path:
     """A fresh bake with the default answers, set up (`make setup`) into the shared virtualenv."""
     baked = bake(tmp_path_factory.mktemp("every_target"), gcp_project="acme-ml", gcs_bucket="acme-data")
-    succeeds(make(baked, "setup", timeout=1800))
+    with shared_venv_lock():
+        succeeds(make(baked, "setup", timeout=1800))
     return baked
 
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import VENV, bake, project_env
+from conftest import VENV, bake, project_env, shared_venv_lock
 
 
 def make(project, *targets, timeout=1800):
@@ -21,7 +21,8 @@ def make(project, *targets, timeout=1800):
 @pytest.fixture(scope="module")
 def set_up_project(default_project):
     """`make setup` into the shared virtualenv: installs the baked project and its dev tools."""
-    make(default_project, "setup")
+    with shared_venv_lock():
+        make(default_project, "setup")
     return default_project
 
 
