@@ -210,12 +210,10 @@ def test_strategy_resolution_on_this_machine():
         distribute.resolve(config.load(None, ["runtime.strategy=gpu"]).runtime)
 
 
-@pytest.mark.slow
-def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path):
-    """A preempted run (SIGTERM) checkpoints and exits; the same command then finishes the run.
-    While it trains, a profile is captured on demand through its profiler port."""
-    port = free_port()
-    command = [
+def train_command(data_dir: Path, output_dir: Path, *overrides: str) -> list[str]:
+    """`python -m ...train` on the shrunk test model: long enough to be interrupted (steps_per_execution
+    2, no periodic checkpoint), so that the checkpoint it leaves is the one the stop wrote."""
+    return [
         sys.executable,
         "-m",
         "{{ cookiecutter.package }}.train",
@@ -223,16 +221,23 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
         str(PROJECT / "configs/local.yaml"),
         f"data.dir={data_dir}",
         *DATA_OVERRIDES,
-        f"runtime.output_dir={tmp_path}",
+        f"runtime.output_dir={output_dir}",
         *MODEL_OVERRIDES,
         "train.global_batch_size=32",
-        "train.total_steps=200",
         "train.warmup_steps=4",
         "train.steps_per_execution=2",
         "train.checkpoint_every=1000",
         "train.log_every=10",
-        f"runtime.profiler_port={port}",
+        *overrides,
     ]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path):
+    """A preempted run (SIGTERM) checkpoints and exits; the same command then finishes the run.
+    While it trains, a profile is captured on demand through its profiler port."""
+    port = free_port()
+    command = train_command(data_dir, tmp_path, "train.total_steps=200", f"runtime.profiler_port={port}")
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output = []
@@ -378,23 +383,7 @@ def test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end(data_
     """Cloud TPU's way: the metadata server says instance/preempted=TRUE; training saves and exits
     with 143 like on SIGTERM, and the same command then finishes exactly at total_steps."""
     server = FakeMetadataServer()
-    command = [
-        sys.executable,
-        "-m",
-        "{{ cookiecutter.package }}.train",
-        "--config",
-        str(PROJECT / "configs/local.yaml"),
-        f"data.dir={data_dir}",
-        *DATA_OVERRIDES,
-        f"runtime.output_dir={tmp_path}",
-        *MODEL_OVERRIDES,
-        "train.global_batch_size=32",
-        "train.total_steps=300",
-        "train.warmup_steps=4",
-        "train.steps_per_execution=2",
-        "train.checkpoint_every=1000",
-        "train.log_every=10",
-    ]
+    command = train_command(data_dir, tmp_path, "train.total_steps=300")
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1", "GCE_METADATA_HOST": server.host}
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

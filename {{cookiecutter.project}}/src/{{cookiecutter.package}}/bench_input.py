@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train = manifest["splits"]["train"]
     bytes_per_example = train["bytes"] / max(train["num_examples"], 1)
     print(
-        f"{resolved.describe()}; {len(files)} train shards, global batch {batch}, "
+        f"input: {len(files)} train shards, global batch {batch} over {resolved.replicas} replicas, "
         f"{tasks.current().describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
         flush=True,
     )

@@ -73,6 +73,21 @@ class Listing:
     is a CSV index: its folder). A unit or source that is a full path or URI stands alone."""
 
 
+def files_under(input_root: str) -> list[str]:
+    """Every file under RAW (a local folder or gs://), as paths relative to it, for `list_raw`;
+    a folder that cannot be listed is a one-line UserError."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from .errors import UserError
+
+    root = input_root.rstrip("/")
+    try:
+        matched = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
+    except Exception as error:  # Beam raises a generic error for a missing local folder
+        raise UserError(f"cannot list {root}: {error}; check --input (RAW=...)") from None
+    return [metadata.path[len(root) + 1 :] for metadata in matched]
+
+
 class Task:
     """The contract. Subclass it in `tasks/<name>/task.py` and set `TASK = YourTask()`."""
 

@@ -191,6 +191,22 @@ class TrainingMonitor(keras.callbacks.Callback):
         return steps * self.cfg.effective_batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
 
+def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, seed: int):
+    """The train split, repeated and shuffled with `seed`, distributed over the replicas."""
+    dataset, _ = input_pipeline.distributed_dataset(
+        resolved.strategy,
+        cfg.data.dir,
+        manifest,
+        "train",
+        cfg.train.global_batch_size,
+        training=True,
+        seed=seed,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        accumulation_steps=cfg.train.gradient_accumulation_steps,
+    )
+    return dataset
+
+
 def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
     """(`train.steps_per_execution`, the measurements): measured when it is `auto`."""
     if cfg.train.steps_per_execution != "auto":
@@ -202,18 +218,7 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifes
             return compile_model(build_model(cfg, manifest), cfg.train, 1)
 
     def iterator():
-        dataset, _ = input_pipeline.distributed_dataset(
-            resolved.strategy,
-            cfg.data.dir,
-            manifest,
-            "train",
-            cfg.train.global_batch_size,
-            training=True,
-            seed=cfg.runtime.seed,
-            shuffle_buffer=cfg.data.shuffle_buffer,
-            accumulation_steps=cfg.train.gradient_accumulation_steps,
-        )
-        return iter(dataset)
+        return iter(training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed))
 
     print(f"calibrating steps_per_execution (candidates up to {limit}):", flush=True)
     chosen, measurements = spe_lib.calibrate(
@@ -361,17 +366,7 @@ def train(cfg: config_lib.Config) -> dict:
         remaining = cfg.train.total_steps - initial_step
         if remaining > 0:
             # A new seed per start, so a resumed run does not replay the batches it already saw.
-            dataset, _ = input_pipeline.distributed_dataset(
-                resolved.strategy,
-                cfg.data.dir,
-                manifest,
-                "train",
-                cfg.train.global_batch_size,
-                training=True,
-                seed=cfg.runtime.seed + initial_step,
-                shuffle_buffer=cfg.data.shuffle_buffer,
-                accumulation_steps=cfg.train.gradient_accumulation_steps,
-            )
+            dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed + initial_step)
             model.fit(dataset, epochs=1, steps_per_epoch=remaining, callbacks=[monitor], verbose=0)
     finally:
         watcher.stop()

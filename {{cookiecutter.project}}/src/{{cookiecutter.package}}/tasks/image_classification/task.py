@@ -23,7 +23,7 @@ import numpy as np
 
 from ... import config as config_lib
 from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Task
+from ...task import Listing, RawExample, RawRejection, Rejected, Task, files_under
 from . import csv_index, features, sample_data
 
 # Example proto and TFRecord framing around the pixels, for sizing shards.
@@ -107,13 +107,8 @@ class ImageClassificationTask(Task):
             location = input_root if csv_index.is_full_path(input_root) else os.path.abspath(input_root)
             return Listing([location], root=posixpath.dirname(input_root) or ".")
         root = input_root.rstrip("/")
-        try:
-            matched = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
-        except Exception as error:  # Beam raises a generic error for a missing local folder
-            raise UserError(f"cannot list {root}: {error}; check --input (RAW=...)") from None
         images, ignored = [], 0
-        for metadata in matched:
-            relative = metadata.path[len(root) + 1 :]
+        for relative in files_under(root):
             if relative.lower().endswith(features.IMAGE_EXTENSIONS) and relative.count("/") == 1:
                 images.append(relative)
             else:

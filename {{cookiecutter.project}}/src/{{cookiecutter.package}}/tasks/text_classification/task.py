@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Task
+from ...task import Listing, RawExample, RawRejection, Rejected, Task, files_under
 from . import doctor_rules, sample_data, tokenizer
 from .config import TextDataConfig, TextModelConfig
 
@@ -50,16 +50,9 @@ class TextClassificationTask(Task):
 
     # --------------------------------------------------------------- preprocessing (Beam)
     def list_raw(self, input_root: str) -> Listing:
-        from apache_beam.io.filesystems import FileSystems
-
         root = input_root.rstrip("/")
-        try:
-            matched = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
-        except Exception as error:  # Beam raises a generic error for a missing local folder
-            raise UserError(f"cannot list {root}: {error}; check --input (RAW=...)") from None
         units, ignored = [], 0
-        for metadata in matched:
-            relative = metadata.path[len(root) + 1 :]
+        for relative in files_under(root):
             depth, lower = relative.count("/"), relative.lower()
             # A .txt file counts only inside a label folder: a README.txt beside them has no label.
             if (depth == 1 and lower.endswith(TEXT_SUFFIX)) or (depth == 0 and lower.endswith(JSONL_SUFFIX)):
