@@ -4,6 +4,7 @@ training on 8 CPU replicas -> evaluation reaches the accuracy its README promise
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -41,7 +42,11 @@ def run_end_to_end(project, *train_args, examples=1200, rejected=2):
     train = make(project, "train", f"ARGS={' '.join(train_args)}")
     assert "MirroredStrategy on CPU, 8 replicas" in train
     evaluate = make(project, "eval", f"ARGS={' '.join(train_args)}")
-    assert "eval accuracy" in evaluate
+    # `make eval` restores the final checkpoint and must agree with the evaluation that ended `make
+    # train` (replicas' batch-norm statistics are averaged first, as a checkpoint stores them).
+    (accuracy, loss), = re.findall(r"eval accuracy ([0-9.]+), loss ([0-9.]+)", evaluate)
+    trained_accuracy, trained_loss = re.findall(r"eval accuracy ([0-9.]+), loss ([0-9.]+)", train)[-1]
+    assert accuracy == trained_accuracy and float(loss) == pytest.approx(float(trained_loss), abs=2e-4)
     run = project / "runs/local"
     assert (run / "config.yaml").exists() and list((run / "logs/train").glob("events.out.tfevents.*"))
     assert list((run / "checkpoints").glob("ckpt-*.index"))
