@@ -44,6 +44,16 @@ SAMPLE_BROKEN = 4  # inputs of the small sample that preprocessing rejects
 {%- endif %}
 
 
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (make test), the tests that share one training run stay on one worker, so
+    that the run happens once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if "finished_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("finished_run"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def eight_cpu_replicas():
     """Splits the CPU before any TensorFlow op runs in this process."""

@@ -297,12 +297,38 @@ def test_periodic_evaluation_logs_each_step_and_keeps_the_best(finished_run):
     assert set(metrics["phase_seconds"]) >= {"start-up", "training", "evaluation", "export"}
 
 
+def copy_with_a_truncated_latest_checkpoint(output: Path, run: Path) -> None:
+    """A copy of the finished run (checkpoints every 8 steps, keeps ckpt-40 and ckpt-48) whose
+    newest save was cut short."""
+    shutil.copytree(output, run)
+    for data_file in run.glob("checkpoints/ckpt-48.data-*"):
+        data_file.write_bytes(data_file.read_bytes()[:100])
+
+
 def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run, tmp_path, capsys):
+    """What `train` does first on a restart, without the training (see the slow test below)."""
+    from {{ cookiecutter.package }} import input_pipeline
+    from {{ cookiecutter.package }}.model import build_model, compile_model
+
+    cfg, output, _ = finished_run
+    copy_with_a_truncated_latest_checkpoint(output, tmp_path / "run")
+    manifest = input_pipeline.read_manifest(cfg.data.dir)
+    strategy = distribute.resolve(cfg.runtime).strategy
+    with strategy.scope():
+        model = compile_model(build_model(cfg, manifest), cfg.train, 1)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "run" / "checkpoints"), max_to_keep=2)
+    capsys.readouterr()
+    restored = train.restore_newest_readable(checkpoint, manager)
+    assert restored.endswith("ckpt-40") and int(model.optimizer.iterations.numpy()) == 40
+    assert "ckpt-48 cannot be read" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_run, tmp_path, capsys):
     _, output, _ = finished_run
     run = tmp_path / "run"
-    shutil.copytree(output, run)  # a copy of the finished run (checkpoints every 8 steps, ckpt-48 the latest)
-    for data_file in run.glob("checkpoints/ckpt-48.data-*"):
-        data_file.write_bytes(data_file.read_bytes()[:100])  # a save cut short
+    copy_with_a_truncated_latest_checkpoint(output, run)
     capsys.readouterr()
     metrics = train.train(config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"]))
     printed = capsys.readouterr().out
