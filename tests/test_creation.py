@@ -20,11 +20,11 @@ EXPECTED_FILES = {
         "__init__", "bench_input", "bench_preprocess", "bench_spe", "capture_profile", "config", "distribute", "gcp",
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
         "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
-        "predict", "preemption", "preprocess", "sample_data", "schedule", "steps_per_execution", "task",
+        "precision", "predict", "preemption", "preprocess", "sample_data", "schedule", "steps_per_execution", "task",
         "tasks/__init__", "topology", "train")),
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_bench", "test_config", "test_credentials", "test_doctor", "test_gcs_emulator",
-        "test_input", "test_preprocess", "test_schedule", "test_tpu", "test_tpu_ops", "test_train")),
+        "test_input", "test_precision", "test_preprocess", "test_schedule", "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"

@@ -41,7 +41,7 @@ def run_module(module: str, *args: str) -> tuple[str, dict]:
     return result.stdout, json.loads(lines[-1])
 
 
-@pytest.mark.slow  # compiles the model on 8 replicas twice (synthetic and real data)
+@pytest.mark.slow  # compiles the model on 8 replicas three times (synthetic data in both precisions, real data)
 def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data_dir):
     output, figures = run_module(
         "bench_input", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY, "--seconds", "0.3"
@@ -54,8 +54,11 @@ def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data
         "train_steps_per_s_synthetic",
         "train_steps_per_s_real",
         "input_bound",
+        "precision",
+        "bfloat16_over_float32_step_time",
     } <= set(figures)
     assert figures["optimized_examples_per_s"] > 0 and figures["naive_examples_per_s"] > 0
+    assert "bfloat16 step time" in output and figures["bfloat16_over_float32_step_time"] > 0
 
 
 @pytest.mark.slow  # compiles the model once per candidate

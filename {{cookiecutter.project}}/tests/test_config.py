@@ -49,7 +49,7 @@ def test_overrides_are_typed():
         ("train.total_steps=true", "train.total_steps must be an integer"),
         ("train.steps_per_execution=fast", "train.steps_per_execution must be an integer or 'auto'"),
         ("runtime.strategy=quantum", "runtime.strategy must be one of auto, tpu, gpu, cpu"),
-        ("runtime.mixed_precision=float16", "runtime.mixed_precision must be one of bfloat16, float32"),
+        ("runtime.mixed_precision=float16", "runtime.mixed_precision must be one of auto, bfloat16, float32"),
         ("runtime.profile_steps=9,3", "runtime.profile_steps must be 'start,stop'"),
         ("train.warmup_steps=-1", "train.warmup_steps must be 0 or more"),
         ("train.optimizer=adam", "train.optimizer must be 'sgd' or 'adamw'"),

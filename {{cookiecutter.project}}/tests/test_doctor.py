@@ -265,6 +265,22 @@ def test_float32_on_a_tpu_warns(data_dir, tmp_path):
     assert rule.status == engine.WARN and rule.fix == "runtime.mixed_precision=bfloat16"
 
 
+def test_the_host_cpus_bfloat16_is_reported_with_the_local_config(data_dir, tmp_path, monkeypatch):
+    from {{ cookiecutter.package }} import precision
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})  # an AVX2-only CPU
+    rule = check(data_dir, tmp_path=tmp_path)["model.precision"]
+    assert rule.status == engine.PASS and rule.message.startswith("float32 (auto: this CPU has no native bfloat16")
+    forced = check(data_dir, "runtime.mixed_precision=bfloat16", tmp_path=tmp_path)["model.precision"]
+    assert forced.status == engine.WARN and "emulated" in forced.message
+    assert forced.fix.startswith("runtime.mixed_precision=auto")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "avx512_bf16", "amx_bf16"})
+    rule = check(data_dir, tmp_path=tmp_path)["model.precision"]
+    assert rule.status == engine.PASS and rule.message.startswith("bfloat16 (auto: this CPU has native bfloat16")
+
+
 # ----------------------------------------------------------------------------- input
 
 

@@ -44,11 +44,13 @@ def scalar_events(log_dir: Path) -> dict:
 def finished_run(data_dir, tmp_path_factory):
     """One short real run shared by the assertions below (each training run traces the step for 8
     replicas, the costly part): a profile window, an evaluation every 16 steps, and a rotation of
-    two checkpoints out of six saves."""
+    two checkpoints out of six saves. In bfloat16 whatever this CPU supports: the TPU's code path,
+    8 replicas with steps_per_execution > 1."""
     output = tmp_path_factory.mktemp("run")
     cfg = tiny_config(
         data_dir,
         output,
+        "runtime.mixed_precision=bfloat16",
         "runtime.profile_steps=8,16",
         "train.total_steps=48",
         "train.eval_every=16",
@@ -71,6 +73,7 @@ def test_run_directory_is_complete(finished_run):
     assert 0 <= written["accuracy"] <= 1 and written["loss"] > 0
     resolved = config.load(str(output / "config.yaml"))
     assert resolved.train.steps_per_execution == 4 and resolved.train.total_steps == 48
+    assert resolved.runtime.mixed_precision == "bfloat16" and written["mixed_precision"] == "bfloat16"
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-48")
 
 
@@ -122,21 +125,38 @@ def test_export_serves_what_predict_needs(finished_run, raw_dir):
     assert predictions and all(label in labels and 0.0 < probability <= 1.0 for _, label, probability in predictions)
 
 
-def test_mixed_bfloat16_keeps_float32_variables_and_logits(data_dir, tmp_path):
-    from {{ cookiecutter.package }} import tasks
-    from {{ cookiecutter.package }}.model import build_model, set_precision
+def test_mixed_bfloat16_keeps_float32_variables_logits_and_loss(data_dir, tmp_path):
+    from {{ cookiecutter.package }} import precision, tasks
+    from {{ cookiecutter.package }}.model import build_model, compile_model
 
     cfg = tiny_config(data_dir, tmp_path)
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    set_precision("bfloat16")
+    precision.set_policy("bfloat16")
     try:
-        model = build_model(cfg, manifest)
+        model = compile_model(build_model(cfg, manifest), cfg.train, 1)
         assert all(v.dtype == tf.float32 for v in model.trainable_variables)
         assert any(layer.compute_dtype == "bfloat16" for layer in model.layers if layer.weights)
-        inputs, _ = tasks.current().synthetic_batch(1, manifest)
-        assert model(inputs).dtype == tf.float32
+        inputs, labels = tasks.current().synthetic_batch(2, manifest)
+        predictions = model(inputs)
+        assert predictions.dtype == tf.float32
+        assert model.compute_loss(inputs, labels, predictions).dtype == tf.float32
     finally:
-        set_precision("float32")
+        precision.set_policy("float32")
+
+
+def test_auto_precision_says_what_it_chose_and_why(data_dir, tmp_path, capsys, monkeypatch):
+    """On a CPU whose bfloat16 is emulated (an AVX2-only CI runner; here, on any CPU: TensorFlow's
+    oneDNN kernels, its only native bfloat16 path, declared off), `auto` trains in float32, says why,
+    and records float32 in the run. The variable is read by the precision choice only: TensorFlow
+    read its own copy at import."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    cfg = tiny_config(data_dir, tmp_path, "train.total_steps=4", "train.warmup_steps=1")
+    assert cfg.runtime.mixed_precision == "auto"  # the shipped local config
+    metrics = train.train(cfg)
+    printed = capsys.readouterr().out
+    assert "precision float32 (auto: this CPU has" in printed and "bfloat16 would be emulated" in printed
+    assert config.load(str(tmp_path / "config.yaml")).runtime.mixed_precision == "float32"
+    assert metrics["mixed_precision"] == "float32"
 
 
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
@@ -440,9 +460,10 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
     """k=4 micro-batches of 64 make the same first update as one batch of 256 (float32, no batch norm),
     on the 8 CPU replicas."""
     from {{ cookiecutter.package }}.keras import keras
-    from {{ cookiecutter.package }}.model import AccumulatingModel, set_precision
+    from {{ cookiecutter.package }} import precision
+    from {{ cookiecutter.package }}.model import AccumulatingModel
 
-    set_precision("float32")
+    precision.set_policy("float32")
     strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime).strategy
     rng = np.random.default_rng(0)
     features = rng.normal(size=(256, 6)).astype("float32")

@@ -9,6 +9,8 @@ against training on synthetic data already in memory, all measured in this one r
 - naive: one file after another, parse one example at a time, no parallelism, no prefetch
 - training steps/s on synthetic data (the ceiling the input must keep up with) and on real data;
   the optimized input's examples/s over synthetic training's: below 1 the host cannot keep up.
+- synthetic training in the other precision: bfloat16's step time over float32's on this machine
+  (near or under 1 where bfloat16 is native; several times 1 on a CPU that emulates it).
 If real-data training is more than 10% slower than synthetic, the input is the bottleneck.
 Fewer train shards than parallel reads (one shard: nothing to interleave) are pointed out.
 The last line is JSON.
@@ -25,10 +27,10 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, input_pipeline, tasks, topology
+from . import distribute, input_pipeline, precision, tasks, topology
 from . import steps_per_execution as spe_lib
 from .errors import run_cli
-from .model import build_model, compile_model, set_precision
+from .model import build_model, compile_model
 
 INPUT_BOUND_MARGIN = 0.9
 
@@ -70,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    set_precision(cfg.runtime.mixed_precision)
+    chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
+    print(f"precision {chosen.describe()}", flush=True)
     files, counts = input_pipeline.split_files(cfg.data.dir, manifest, "train")
     batch, compression = cfg.train.global_batch_size, manifest.get("compression", "none")
     train = manifest["splits"]["train"]
@@ -124,8 +127,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, args.seconds
     )
     print(
-        f"training, synthetic data: {synthetic_rate:8.2f} steps/s (spe {spe}) = {synthetic_rate * batch:.1f} "
-        f"examples/s; the input supplies {optimized / (synthetic_rate * batch):.2f}x that",
+        f"training, synthetic data: {synthetic_rate:8.2f} steps/s (spe {spe}, {chosen.precision}) = "
+        f"{synthetic_rate * batch:.1f} examples/s; the input supplies {optimized / (synthetic_rate * batch):.2f}x that",
+        flush=True,
+    )
+    # The same model and data in the other precision: what bfloat16 costs or gains on this machine.
+    other = "float32" if chosen.precision == "bfloat16" else "bfloat16"
+    precision.set_policy(other)
+    with resolved.strategy.scope():
+        other_model = compile_model(build_model(cfg, manifest), cfg.train, spe)
+    other_rate = training_steps_per_second(
+        other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, args.seconds
+    )
+    precision.set_policy(chosen.precision)
+    rates = {chosen.precision: synthetic_rate, other: other_rate}
+    bf16_over_f32 = rates["float32"] / rates["bfloat16"]  # step time of bfloat16 over float32's
+    print(
+        f"training, synthetic data: {other_rate:8.2f} steps/s in {other}; bfloat16 step time = "
+        f"{bf16_over_f32:.2f}x float32's on this {resolved.kind.upper()}",
         flush=True,
     )
     real_dataset, _ = input_pipeline.distributed_dataset(
@@ -153,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "train_steps_per_s_synthetic": round(synthetic_rate, 2),
                 "train_steps_per_s_real": round(real_rate, 2),
                 "input_over_synthetic_training": round(optimized / (synthetic_rate * batch), 2),
+                "precision": chosen.precision,
+                "bfloat16_over_float32_step_time": round(bf16_over_f32, 2),
                 "input_bound": input_bound,
             }
         )

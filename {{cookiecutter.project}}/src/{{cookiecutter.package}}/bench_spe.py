@@ -13,9 +13,8 @@ import sys
 from typing import Sequence
 
 from . import config as config_lib
-from . import distribute, input_pipeline
+from . import distribute, input_pipeline, precision
 from .errors import run_cli
-from .model import set_precision
 from .train import choose_steps_per_execution
 
 
@@ -25,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    set_precision(cfg.runtime.mixed_precision)
+    print(f"precision {precision.apply(cfg.runtime.mixed_precision, resolved.kind).describe()}", flush=True)
     chosen, measurements = choose_steps_per_execution(cfg, resolved, manifest)
     rate = {m.steps_per_execution: m.steps_per_second for m in measurements}
     best = max(rate.values())

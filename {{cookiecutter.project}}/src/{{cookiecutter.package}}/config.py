@@ -86,8 +86,9 @@ class RuntimeConfig:
     """`local` on a single TPU VM, or the TPU name of a multi-host Pod slice."""
     cpu_devices: int = 8
     """Logical devices to split the CPU into, so that CPU runs exercise 8 replicas like a TPU."""
-    mixed_precision: str = "bfloat16"
-    """`bfloat16` (compute in bf16, variables and logits in float32) or `float32`."""
+    mixed_precision: str = "auto"
+    """`auto` (bfloat16 where the TPU, GPU or CPU computes it natively, else float32; see
+    precision.py), `bfloat16` (compute in bf16, variables and logits in float32) or `float32`."""
     output_dir: str = "runs/local"
     """Run directory (local path or gs://): config.yaml, checkpoints/, logs/, metrics.json."""
     profile_steps: str = ""
@@ -130,7 +131,7 @@ class Config:
 
 
 STRATEGIES = ("auto", "tpu", "gpu", "cpu")
-PRECISIONS = ("bfloat16", "float32")
+PRECISIONS = ("auto", "bfloat16", "float32")
 
 
 def all_keys(config: Config | None = None) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, input_pipeline
+from . import distribute, input_pipeline, precision
 from .errors import UserError, run_cli
-from .model import build_model, compile_model, set_precision
+from .model import build_model, compile_model
 
 
 def run_path(output_dir: str, *parts: str) -> str:
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run `make train` first or set runtime.output_dir to a run directory"
         )
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    set_precision(cfg.runtime.mixed_precision)
+    print(f"precision {precision.apply(cfg.runtime.mixed_precision, resolved.kind).describe()}", flush=True)
     with resolved.strategy.scope():
         model = build_model(cfg, manifest)
         compile_model(model, cfg.train, 1)

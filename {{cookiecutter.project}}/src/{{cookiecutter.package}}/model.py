@@ -1,7 +1,7 @@
 """The model seam: the task builds the network; precision, optimizer, loss and metrics are shared.
 
-Under mixed_bfloat16 the layers compute in bfloat16 with float32 variables (no loss scaling
-needed, unlike float16), and every task returns float32 logits for a stable loss.
+The precision (bfloat16 compute with float32 variables, or float32) is chosen in precision.py;
+every task returns float32 logits for a stable loss.
 """
 
 from __future__ import annotations
@@ -52,11 +52,6 @@ def build_model(cfg: Config, manifest: dict) -> keras.Model:
         model = AccumulatingModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
         model.accumulation_steps = cfg.train.gradient_accumulation_steps
     return model
-
-
-def set_precision(mixed_precision: str) -> None:
-    """`bfloat16`: layers compute in bfloat16 and keep float32 variables; `float32`: everything in float32."""
-    keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed_precision == "bfloat16" else "float32")
 
 
 def compile_model(model: keras.Model, train: TrainConfig, steps_per_execution: int) -> keras.Model:

@@ -21,13 +21,13 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, input_pipeline, preemption, schedule, tasks
+from . import distribute, input_pipeline, precision, preemption, schedule, tasks
 from . import steps_per_execution as spe_lib
 from .errors import UserError, run_cli
 from .evaluate import evaluate_model, run_path, write_eval_summaries, write_metrics
 from .keras import keras
 from .topology import Target
-from .model import build_model, compile_model, set_precision
+from .model import build_model, compile_model
 
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
 
@@ -289,7 +289,9 @@ def train(cfg: config_lib.Config) -> dict:
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
     per_replica = resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    set_precision(cfg.runtime.mixed_precision)
+    # config.yaml and metrics.json record the precision that ran, not `auto`.
+    chosen_precision = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
+    cfg.runtime.mixed_precision = chosen_precision.precision
     keras.utils.set_random_seed(cfg.runtime.seed)
     output_dir = cfg.runtime.output_dir
     tf.io.gfile.makedirs(output_dir)
@@ -307,7 +309,7 @@ def train(cfg: config_lib.Config) -> dict:
         f"eval examples, {manifest['num_classes']} classes, {tasks.current().describe_data(manifest)}; global batch "
         f"{cfg.train.global_batch_size} = {per_replica} per replica x {resolved.replicas}{effective}; learning rate "
         f"{peak:g} (= {cfg.train.base_learning_rate:g} x {cfg.effective_batch_size}/{cfg.train.base_batch_size}),"
-        f" warm-up {cfg.train.warmup_steps} updates; precision {cfg.runtime.mixed_precision}",
+        f" warm-up {cfg.train.warmup_steps} updates; precision {chosen_precision.describe()}",
         flush=True,
     )
 
@@ -406,7 +408,11 @@ def train(cfg: config_lib.Config) -> dict:
 
     clock.start("evaluation")
     metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
-    metrics.update(global_step=step, examples_per_second=monitor.examples_per_second())
+    metrics.update(
+        global_step=step,
+        examples_per_second=monitor.examples_per_second(),
+        mixed_precision=cfg.runtime.mixed_precision,
+    )
     if monitor.save_seconds:
         metrics["checkpoint_save_seconds"] = round(max(monitor.save_seconds), 3)
     if cfg.train.eval_every:

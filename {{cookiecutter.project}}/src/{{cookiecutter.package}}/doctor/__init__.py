@@ -29,7 +29,8 @@ Model ("Tensor dimensions", "Fully connected layers", "Batch normalization", "bf
   model.narrow_layers       layers under 128 wide use a fraction of the 128x128 MXU
   model.hidden_dense        hidden Dense layers under 512 units are too small to keep the MXU busy
   model.batch_norm          per-replica batch under 32 with per-replica batch-norm statistics
-  model.precision           bfloat16 on a TPU (the MXU's native input type, half the memory traffic)
+  model.precision           bfloat16 on a TPU (the MXU's native input type, half the memory traffic); on
+                            a CPU, whether it computes bfloat16 natively (else emulated, several times slower)
 Input pipeline ("Static shapes", "Input pipeline performance", "Storage"):
   input.static_shapes       the real training and eval datasets have fully defined shapes
                             (drop_remainder=True): a dynamic shape recompiles or fails on a TPU

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import precision
 from .engine import (
     BATCH_FOR_SMALL_TILE,
     MIN_BN_BATCH,
@@ -130,13 +131,23 @@ def model_batch_norm(ctx: Context) -> Verdict:
 
 @rule("model.precision")
 def model_precision(ctx: Context) -> Verdict:
-    precision = ctx.cfg.runtime.mixed_precision
-    if precision == "bfloat16":
-        return passed("mixed bfloat16: the MXU's native type, float32 variables")
-    if ctx.target.kind == "tpu":
+    requested, kind = ctx.cfg.runtime.mixed_precision, ctx.target.kind
+    if kind == "gpu" and requested == "auto":
+        return passed("auto: bfloat16 on GPUs of compute capability 8.0+ (A100, L4, H100), float32 before them")
+    choice = precision.choose(requested, kind)
+    if kind == "tpu":
+        if choice.precision == "bfloat16":
+            return passed(f"{choice.describe()}: the MXU's native type, float32 variables")
         return warn(
             "float32 on a TPU: the MXU multiplies in bfloat16 passes anyway, activations take twice the "
             "memory and bandwidth",
             "runtime.mixed_precision=bfloat16",
         )
-    return passed(f"{precision} (on a TPU, bfloat16 is faster)")
+    native, why = precision.native(kind) if kind == "cpu" else (True, "")
+    if requested == "bfloat16" and not native:
+        return warn(
+            f"bfloat16 is emulated here ({why}): training runs several times slower than in float32",
+            "runtime.mixed_precision=auto (float32 here, bfloat16 on the TPU), or keep bfloat16 to run "
+            "the TPU's numerics",
+        )
+    return passed(f"{choice.describe()}; the TPU configs keep bfloat16")
