@@ -24,8 +24,10 @@ PACKAGE = "{{ cookiecutter.package }}"
 
 
 def prune_other_tasks(project: Path) -> None:
+    """Removes the other tasks' packages and tests; tasks/_skeleton (what `make new-task` copies)
+    and the modules beside the packages stay."""
     for folder in (project / "src" / PACKAGE / "tasks").iterdir():
-        if folder.is_dir() and folder.name != TASK and folder.name != "__pycache__":
+        if folder.is_dir() and folder.name != TASK and not folder.name.startswith("_"):
             shutil.rmtree(folder)
     for test in (project / "tests").glob("test_task_*.py"):
         if test.name != f"test_task_{TASK}.py":

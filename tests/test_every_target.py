@@ -83,6 +83,7 @@ TARGETS: dict[str, dict] = {
     "pod-logs": {"after": DRY},
     "train-bg": {"after": DRY},
     "logs": {"after": DRY},
+    "new-task": {"before": (), "special": "after: tests/test_generated.py::test_a_new_task_needs_no_edit_outside_its_package"},
     "template-update": {"special": "run by tests/test_update.py against a newer commit of a template clone"},
     "clean": {"special": "last: removes data and runs"},
 }

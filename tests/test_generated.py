@@ -114,3 +114,74 @@ def test_text_end_to_end_reaches_the_promised_accuracy(set_up_project, text_proj
     predicted = make(text_project, "predict", f"INPUT={texts}").splitlines()
     rows = [line.split("\t") for line in predicted if line.count("\t") == 2]
     assert len(rows) == 2 and all(label in manifest["label_names"] and 0 < float(p) <= 1 for label, p, _ in rows)
+
+
+# The objective that replaces the scaffold's toy one in the test below: MSE still trains, and the
+# mean absolute error is the headline, lower is better.
+REGRESSION_OBJECTIVE = '''
+    headline_metric = "mae"
+    higher_is_better = False
+'''
+REGRESSION_METRICS = '''
+    def metrics(self) -> list:
+        from ...keras import keras
+
+        return [keras.metrics.MeanAbsoluteError(name="mae")]
+'''
+
+
+@pytest.mark.slow
+def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
+    """The promise of the task seam, as a team would use it: `make new-task`, then a regression
+    objective (MSE loss, MAE headline, lower is better) written into the new package only, then
+    data -> preprocess -> train -> eval -> predict with its config, and the contract tests on it."""
+    project = bake(tmp_path, project="reg-lab", gcp_project="acme-ml-research", zone="us-central2-b",
+                   gcs_bucket="acme-tpu-data")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "bake"], cwd=project, check=True)
+    name = "tabular_regression"
+    created = make(project, "new-task", f"NAME={name}")
+    assert f"task {name} added" in created
+    task_py = project / "src/reg_lab/tasks" / name / "task.py"
+    source = task_py.read_text()
+    toy_objective = '    headline_metric = "loss"\n    higher_is_better = False\n'
+    toy_metrics = "    def metrics(self) -> list:\n        return []\n"
+    assert toy_objective in source and toy_metrics in source
+    task_py.write_text(source.replace(toy_objective, REGRESSION_OBJECTIVE.lstrip("\n"))
+                       .replace(toy_metrics, REGRESSION_METRICS.lstrip("\n")))
+
+    config = f"CONFIG=configs/{name}/local.yaml"
+    make(project, "data", config)
+    assert "rejected 2" in make(project, "preprocess", config)
+    train = make(project, "train", config)
+    assert "MirroredStrategy on CPU, 8 replicas" in train and "8 numeric features" in train
+    metrics = json.loads((project / f"runs/{name}/local/metrics.json").read_text())
+    history = {entry["step"]: entry["mae"] for entry in metrics["history"]}
+    assert metrics["best_mae"] == min(history.values()) and history[metrics["best_step"]] == metrics["best_mae"]
+    # Against predicting the train split's mean for every eval row.
+    rows = (project / f"data/{name}/raw/rows.csv").read_text().splitlines()[1:]
+    targets = [float(row.split(",")[-1]) for row in rows if len(row.split(",")) == 9 and "oops" not in row]
+    mean = sum(targets) / len(targets)
+    baseline = sum(abs(target - mean) for target in targets) / len(targets)
+    assert metrics["mae"] < 0.25 * baseline, (metrics["mae"], baseline)
+    (mae,) = re.findall(r"eval mae ([0-9.]+)", make(project, "eval", config))
+    assert float(mae) == pytest.approx(metrics["mae"], abs=1e-4)
+    features = tmp_path / "features.csv"
+    features.write_text("x0,x1,x2,x3,x4,x5,x6,x7\n" + ",".join(["0"] * 8) + "\n" + ",".join(["1"] * 8) + "\n")
+    predicted = [line.split("\t") for line in make(project, "predict", config, f"INPUT={features}").splitlines()
+                 if line.count("\t") == 1]
+    # The sample's target is 10 + w.x + 1.5 sin(2 x0) x1 (+ noise): 10 at the origin, 10 + 1.5 sin 2 at ones.
+    assert [name for _, name in predicted] == ["features.csv:2", "features.csv:3"]
+    assert abs(float(predicted[0][0]) - 10.0) < 1.0 and abs(float(predicted[1][0]) - 11.36) < 1.0
+
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    changed = {line[3:] for line in status}
+    allowed = (f"src/reg_lab/tasks/{name}/", f"configs/{name}/", f"tests/test_task_{name}.py")
+    assert changed and all(path.startswith(allowed) for path in changed), changed
+    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"tests/test_task_{name}.py", "tests/test_contract.py", "-k", name],
+                           cwd=project, env=project_env(), capture_output=True, text=True, timeout=1800)
+    assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-6000:] + tests.stderr[-3000:]

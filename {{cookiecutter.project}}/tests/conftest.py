@@ -3,6 +3,7 @@ CPU split into 8 logical devices, so that tests run the TPU code path with 8 rep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -22,26 +23,15 @@ os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
 os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
 
 REPLICAS = 8
-{%- if cookiecutter.task == "image_classification" %}
 
-# The task's keys shrunk so that tests run in seconds: 16 px images and a narrow CNN.
-DATA_OVERRIDES = ("data.image_size=16",)
-MODEL_OVERRIDES = ("model.widths=[8,16]",)
-SAMPLE_BROKEN = 2  # inputs of the small sample that preprocessing rejects
-{%- else %}
+# What the project's task says about itself for tests (Task.testing): small data and model keys
+# that run the same code path in seconds, and how many inputs of its small sample are rejected.
+from {{ cookiecutter.package }} import tasks  # noqa: E402 (after sys.path; imports no TensorFlow)
 
-# The task's keys shrunk so that tests run in seconds: 32 tokens, a small vocabulary, one block.
-DATA_OVERRIDES = ("data.seq_len=32", "data.vocab_size=300")
-# AdamW at a rate that learns within the few dozen steps of a test run.
-MODEL_OVERRIDES = (
-    "model.width=32",
-    "model.depth=1",
-    "model.heads=2",
-    "model.mlp_width=64",
-    "train.base_learning_rate=0.02",
-)
-SAMPLE_BROKEN = 4  # inputs of the small sample that preprocessing rejects
-{%- endif %}
+TESTING = tasks.current().testing()
+DATA_OVERRIDES = tuple(item for item in TESTING.overrides if item.startswith("data."))
+MODEL_OVERRIDES = tuple(item for item in TESTING.overrides if not item.startswith("data."))
+SAMPLE_BROKEN = TESTING.rejected
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if "finished_run" in getattr(item, "fixturenames", ()):
+        if {"finished_run", "contract_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("finished_run"))
 
 
@@ -62,14 +52,46 @@ def eight_cpu_replicas():
     distribute.split_cpu(REPLICAS)
 
 
+def config_file(task_name: str, which: str = "local") -> Path:
+    """A task's shipped config: configs/<which>.yaml for the project's own task, configs/<task>/
+    for a task added later."""
+    own = task_name == tasks.DEFAULT
+    return PROJECT / "configs" / (f"{which}.yaml" if own else f"{task_name}/{which}.yaml")
+
+
+@contextlib.contextmanager
+def selected(task_name: str):
+    """The task `task_name` is the current one inside the block (as loading its config makes it)."""
+    previous = tasks.current().name
+    tasks.select(task_name)
+    try:
+        yield tasks.current()
+    finally:
+        tasks.select(previous)
+
+
+_SAMPLES: dict = {}
+
+
+def task_sample(task_name: str, tmp_path_factory) -> tuple[Path, Path]:
+    """(raw folder, TFRecords folder) of a task's small sample (a few hundred examples with broken
+    inputs), preprocessed by the real Beam pipeline into 4 shards per split with the task's test
+    overrides; made once per session and task."""
+    if task_name not in _SAMPLES:
+        with selected(task_name) as task:
+            raw = tmp_path_factory.mktemp(f"raw-{task_name}")
+            task.write_sample_data(raw, seed=1, small=True)
+            output = tmp_path_factory.mktemp(f"tfrecords-{task_name}")
+            data_overrides = [item for item in task.testing().overrides if item.startswith("data.")]
+            run_preprocess(raw, output, "--config", str(config_file(task_name)), "--num_shards", "4", *data_overrides)
+        _SAMPLES[task_name] = raw, output
+    return _SAMPLES[task_name]
+
+
 @pytest.fixture(scope="session")
 def raw_dir(tmp_path_factory) -> Path:
-    """The task's small sample raw data (a few hundred examples, with broken inputs)."""
-    from {{ cookiecutter.package }} import tasks
-
-    root = tmp_path_factory.mktemp("raw")
-    tasks.current().write_sample_data(root, seed=1, small=True)
-    return root
+    """The project's task's small sample raw data (a few hundred examples, with broken inputs)."""
+    return task_sample(tasks.DEFAULT, tmp_path_factory)[0]
 
 
 def run_preprocess(raw: Path | str, output: Path | str, *extra: str) -> dict:
@@ -88,28 +110,71 @@ def run_preprocess(raw: Path | str, output: Path | str, *extra: str) -> dict:
 @pytest.fixture(scope="session")
 def data_dir(raw_dir, tmp_path_factory) -> Path:
     """TFRecords of `raw_dir`, 4 shards per split, with DATA_OVERRIDES (fast to train on)."""
-    output = tmp_path_factory.mktemp("tfrecords")
-    run_preprocess(raw_dir, output, "--num_shards", "4", *DATA_OVERRIDES)
-    return output
+    return task_sample(tasks.DEFAULT, tmp_path_factory)[1]
+
+
+def task_config(task_name: str, data_dir: Path, output_dir: Path, *overrides: str):
+    """The task's local config shrunk to run in seconds: same code path, smaller everything."""
+    from {{ cookiecutter.package }} import config
+
+    with selected(task_name) as task:
+        return config.load(
+            str(config_file(task_name)),
+            [
+                f"data.dir={data_dir}",
+                f"runtime.output_dir={output_dir}",
+                *task.testing().overrides,
+                "train.global_batch_size=32",
+                "train.total_steps=24",
+                "train.warmup_steps=4",
+                "train.steps_per_execution=4",
+                "train.checkpoint_every=8",
+                "train.log_every=8",
+                *overrides,
+            ],
+        )
+
+
+_RUNS: dict = {}
+
+
+def finished_run_of(task_name: str, tmp_path_factory):
+    """(config, run folder, metrics, the untrained model's metrics) of one short real run of a task,
+    shared by the tests that read it (each run traces the step for 8 replicas, the costly part): 48
+    steps of steps_per_execution 4 in bfloat16 whatever the CPU supports (the TPU's code path), a
+    profile window, an evaluation every 16 steps and a rotation of two checkpoints out of six saves."""
+    if task_name not in _RUNS:
+        from {{ cookiecutter.package }} import distribute, input_pipeline, precision, train
+        from {{ cookiecutter.package }}.evaluate import evaluate_model
+        from {{ cookiecutter.package }}.keras import keras
+        from {{ cookiecutter.package }}.model import build_model, compile_model
+
+        _, data = task_sample(task_name, tmp_path_factory)
+        output = tmp_path_factory.mktemp(f"run-{task_name}")
+        with selected(task_name):
+            cfg = task_config(
+                task_name,
+                data,
+                output,
+                "runtime.mixed_precision=bfloat16",
+                "runtime.profile_steps=8,16",
+                "train.total_steps=48",
+                "train.eval_every=16",
+                "train.keep_checkpoints=2",
+            )
+            # The model training starts from (same seed): what the headline metric moves away from.
+            resolved = distribute.resolve(cfg.runtime)
+            manifest = input_pipeline.read_manifest(str(data), cfg.data)
+            precision.set_policy("bfloat16")
+            keras.utils.set_random_seed(cfg.runtime.seed)
+            with resolved.strategy.scope():
+                untrained = compile_model(build_model(cfg, manifest), cfg.train, 1)
+            initial = evaluate_model(untrained, resolved.strategy, cfg, manifest)
+            metrics = train.train(cfg)
+        _RUNS[task_name] = cfg, output, metrics, initial
+    return _RUNS[task_name]
 
 
 def tiny_config(data_dir: Path, output_dir: Path, *overrides: str):
-    """configs/local.yaml shrunk to run in seconds: same code path, smaller everything."""
-    from {{ cookiecutter.package }} import config
-
-    return config.load(
-        str(PROJECT / "configs" / "local.yaml"),
-        [
-            f"data.dir={data_dir}",
-            *DATA_OVERRIDES,
-            f"runtime.output_dir={output_dir}",
-            *MODEL_OVERRIDES,
-            "train.global_batch_size=32",
-            "train.total_steps=24",
-            "train.warmup_steps=4",
-            "train.steps_per_execution=4",
-            "train.checkpoint_every=8",
-            "train.log_every=8",
-            *overrides,
-        ],
-    )
+    """The project's task's configs/local.yaml shrunk to run in seconds."""
+    return task_config(tasks.DEFAULT, data_dir, output_dir, *overrides)

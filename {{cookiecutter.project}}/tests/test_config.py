@@ -4,20 +4,37 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package }} import config
+from conftest import selected
+from {{ cookiecutter.package }} import config, tasks
 from {{ cookiecutter.package }}.config import ConfigError
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# The project's task's configs, and those of every task added later (configs/<task>/).
+CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(CONFIG_DIR)))
 def test_shipped_configs_load_and_declare_every_key(path):
     import yaml
 
-    loaded = config.load(str(path))
     written = yaml.safe_load(path.read_text())
-    declared = {f"{section}.{key}" for section, keys in written.items() for key in keys}
-    assert declared == set(config.all_keys(loaded))  # every key spelled out, with its comment
+    task_name = written.pop("task")
+    assert task_name == (tasks.DEFAULT if path.parent == CONFIG_DIR else path.parent.name)
+    with selected(task_name):
+        loaded = config.load(str(path))
+        declared = {f"{section}.{key}" for section, keys in written.items() for key in keys}
+        assert declared == set(config.all_keys(loaded))  # every key spelled out, with its comment
+
+
+def test_a_config_of_an_unknown_task_is_one_line(tmp_path):
+    path = tmp_path / "other.yaml"
+    path.write_text("task: speech_recognition\ntrain:\n  total_steps: 10\n")
+    with pytest.raises(ConfigError) as raised:
+        config.load(str(path))
+    message = str(raised.value)
+    assert message.startswith(f"task 'speech_recognition' in {path} is not a task of this project")
+    assert f"the tasks here are {', '.join(tasks.available())}" in message and "\n" not in message
+    assert tasks.current().name == tasks.DEFAULT  # nothing was selected
 
 
 def test_overrides_are_typed():

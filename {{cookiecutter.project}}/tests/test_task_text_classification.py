@@ -50,11 +50,11 @@ def fitted(small_raw) -> tuple[TextDataConfig, dict, list[RawExample], list[str]
     data = TextDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
     examples, _ = read_all(small_raw)
     artifacts = TASK.fit([example.payload for example in examples], data, str(small_raw))
-    return data, artifacts, examples, sorted({example.label for example in examples})
+    return data, artifacts, examples, sorted({example.target for example in examples})
 
 
 def manifest_for(data: TextDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
-    return {**TASK.manifest_fields(data, artifacts, {}), "num_classes": num_classes}
+    return TASK.manifest_fields(data, artifacts, {}, [f"topic{index}" for index in range(num_classes)])
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_sample_data_is_listed_read_and_rejected_by_reason(small_raw):
     assert Counter(r.reason for r in rejections) == {"empty": 1, "not_utf8": 1, "not_json": 1, "missing_field": 1}
     assert set(Counter(r.reason for r in rejections)) == set(TASK.reject_reasons)
     assert len(examples) == 5 * 50 + 50
-    assert {example.label for example in examples} == set(sample_data.TOPICS)
+    assert {example.target for example in examples} == set(sample_data.TOPICS)
     assert all(example.payload.strip() for example in examples)
 
 
@@ -151,7 +151,8 @@ def test_encode_parse_round_trip_pads_and_truncates(fitted):
     data, artifacts, _, _ = fitted
     short = RawExample("a/1.txt", "a", "The chef baked bread.")
     long = RawExample("b/2.txt", "b", "The team scored a goal after halftime. " * 10)
-    records, stats = zip(*(TASK.encode(example, label, data, artifacts) for example, label in ((short, 3), (long, 1))))
+    categories = ["x", "b", "y", "a"]
+    records, stats = zip(*(TASK.encode(example, categories, data, artifacts) for example in (short, long)))
     full_long = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], long.payload)
     full_short = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], short.payload)
     assert len(full_long) > SEQ_LEN > len(full_short) > 0
@@ -171,14 +172,15 @@ def test_encode_parse_round_trip_pads_and_truncates(fitted):
 def test_encode_rejects_text_without_tokens(fitted):
     data, artifacts, _, _ = fitted
     with pytest.raises(Rejected) as raised:
-        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), 0, data, artifacts)  # a zero-width space only
+        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), ["a"], data, artifacts)  # a zero-width space only
     assert raised.value.reason == "empty"
 
 
 def test_manifest_length_statistics(fitted):
     data, artifacts, _, _ = fitted
     stats = {"examples": 4, "tokens": 80, "truncated": 2, "kept_tokens": 48}
-    fields = TASK.manifest_fields(data, artifacts, stats)
+    fields = TASK.manifest_fields(data, artifacts, stats, ["a", "b"])
+    assert (fields["label_names"], fields["num_classes"]) == (["a", "b"], 2)
     assert fields["seq_len"] == SEQ_LEN and fields["tokenizer"]["file"] == tokenizer.MODEL_FILE
     assert fields["length_stats"] == {"mean_tokens": 20.0, "share_truncated": 0.5, "mean_padding": 0.25}
 
@@ -269,7 +271,7 @@ def test_sample_data_is_learnable(tmp_path):
 
     sample_data.write_dataset(tmp_path, texts_per_class=300, jsonl_lines=0, seed=1)
     examples, _ = read_all(tmp_path)
-    labels = sorted({example.label for example in examples})
+    labels = sorted({example.target for example in examples})
     data = TextDataConfig(seq_len=64)
     train = [example for example in examples if not is_eval(example.source)]
     held_out = [example for example in examples if is_eval(example.source)]
@@ -278,7 +280,7 @@ def test_sample_data_is_learnable(tmp_path):
 
     def batch(subset):
         return TASK.parse_batch(
-            tf.constant([TASK.encode(example, labels.index(example.label), data, artifacts)[0] for example in subset]),
+            tf.constant([TASK.encode(example, labels, data, artifacts)[0] for example in subset]),
             manifest,
         )
 

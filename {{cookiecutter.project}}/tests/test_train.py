@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, tiny_config
-from {{ cookiecutter.package }} import capture_profile, config, distribute, steps_per_execution, train
+from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, finished_run_of, tiny_config
+from {{ cookiecutter.package }} import capture_profile, config, distribute, steps_per_execution, tasks, train
 from {{ cookiecutter.package }}.errors import UserError
 
 
@@ -41,53 +41,28 @@ def scalar_events(log_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def finished_run(data_dir, tmp_path_factory):
-    """One short real run shared by the assertions below (each training run traces the step for 8
-    replicas, the costly part): a profile window, an evaluation every 16 steps, and a rotation of
-    two checkpoints out of six saves. In bfloat16 whatever this CPU supports: the TPU's code path,
-    8 replicas with steps_per_execution > 1."""
-    output = tmp_path_factory.mktemp("run")
-    cfg = tiny_config(
-        data_dir,
-        output,
-        "runtime.mixed_precision=bfloat16",
-        "runtime.profile_steps=8,16",
-        "train.total_steps=48",
-        "train.eval_every=16",
-        "train.keep_checkpoints=2",
-    )
-    metrics = train.train(cfg)
+def finished_run(tmp_path_factory):
+    """The project's task's shared short run (conftest.finished_run_of: 48 steps on 8 replicas with
+    steps_per_execution 4 in bfloat16, a profile window, an evaluation every 16 steps, two of six
+    checkpoints kept); tests/test_contract.py reads the same run."""
+    cfg, output, metrics, _ = finished_run_of(tasks.DEFAULT, tmp_path_factory)
     return cfg, output, metrics
 
 
 def test_run_directory_is_complete(finished_run):
     cfg, output, metrics = finished_run
     written = json.loads((output / "metrics.json").read_text())
-    flat = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
-    assert {key: written[key] for key in flat} == pytest.approx(flat)
-    assert {"accuracy", "loss", "global_step", "examples_per_second"} <= set(written)
+    headline = tasks.current().headline_metric
+    # What the run wrote (tests/test_contract.py may have re-evaluated it since: the same figures).
+    kept = (headline, "loss", "global_step", "eval_examples", "examples_per_second", "checkpoint_save_seconds")
+    assert {key: written[key] for key in kept} == pytest.approx({key: metrics[key] for key in kept}, rel=1e-5)
+    assert {headline, "loss", "global_step", "examples_per_second"} <= set(written)
     assert written["global_step"] == 48
-    assert written["examples_per_second"] > 0
-    # A valid evaluation of every eval example; how well the sample can be learnt is the end-to-end
-    # runs' question (48 steps of the shrunk test model are too few to assert it without flakiness).
-    assert 0 <= written["accuracy"] <= 1 and written["loss"] > 0
+    assert written["examples_per_second"] > 0 and written["loss"] > 0
     resolved = config.load(str(output / "config.yaml"))
     assert resolved.train.steps_per_execution == 4 and resolved.train.total_steps == 48
     assert resolved.runtime.mixed_precision == "bfloat16" and written["mixed_precision"] == "bfloat16"
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-48")
-
-
-def test_rerunning_a_finished_run_only_evaluates(finished_run, capsys):
-    cfg, output, metrics = finished_run
-    again = train.train(config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto"]))
-    printed = capsys.readouterr().out
-    assert "resumed from step 48" in printed and "calibrating" not in printed
-    assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
-    assert again["global_step"] == 48
-    # Same weights, same replica statistics (test_evaluation_uses_the_statistics_a_checkpoint_stores),
-    # same deterministic eval order: the same evaluation.
-    assert again["accuracy"] == metrics["accuracy"]
-    assert again["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
 
 
 def test_learning_rate_is_logged_every_step(finished_run):
@@ -96,33 +71,15 @@ def test_learning_rate_is_logged_every_step(finished_run):
     assert sorted(events["learning_rate"]) == list(range(1, 49))
     peak = cfg.train.base_learning_rate * cfg.train.global_batch_size / cfg.train.base_batch_size
     assert events["learning_rate"][2] == pytest.approx(peak * 2 / cfg.train.warmup_steps, rel=1e-5)
-    assert {"loss", "accuracy", "steps_per_second", "examples_per_second"} <= set(events)
-    assert {"accuracy", "loss"} <= set(scalar_events(output / "logs" / "eval"))
+    headline = tasks.current().headline_metric
+    assert {"loss", headline, "steps_per_second", "examples_per_second"} <= set(events)
+    assert {headline, "loss"} <= set(scalar_events(output / "logs" / "eval"))
 
 
 def test_profile_window_leaves_a_trace(finished_run):
     _, output, _ = finished_run
     traces = list((output / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert traces and traces[0].stat().st_size > 0
-
-
-def test_export_serves_what_predict_needs(finished_run, raw_dir):
-    from {{ cookiecutter.package }} import predict, tasks
-
-    _, output, _ = finished_run
-    manifest = json.loads((output / "export" / "assets.extra" / "manifest.json").read_text())
-    labels = json.loads((output / "export" / "assets.extra" / "labels.json").read_text())
-    assert labels == manifest["label_names"] and len(labels) == manifest["num_classes"]
-    served = tf.saved_model.load(str(output / "export")).signatures["serving_default"]
-    inputs, _ = tasks.current().synthetic_batch(2, manifest)
-    result = served(tf.constant(inputs))
-    assert result["probabilities"].shape == (2, manifest["num_classes"])
-    np.testing.assert_allclose(result["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
-    example = next(
-        p for p in sorted(raw_dir.rglob("*")) if p.is_file() and p.stat().st_size > 100 and p.parent != raw_dir
-    )
-    predictions = predict.predict(str(output), [str(example)])
-    assert predictions and all(label in labels and 0.0 < probability <= 1.0 for _, label, probability in predictions)
 
 
 def test_mixed_bfloat16_keeps_float32_variables_logits_and_loss(data_dir, tmp_path):
@@ -304,11 +261,12 @@ def test_data_and_run_directory_on_gcs(data_dir, gcs_bucket):
 
 def test_periodic_evaluation_logs_each_step_and_keeps_the_best(finished_run):
     _, output, metrics = finished_run
+    headline = tasks.current().headline_metric
     assert [entry["step"] for entry in metrics["history"]] == [16, 32, 48]
-    best = max(metrics["history"], key=lambda entry: entry["accuracy"])
-    assert (metrics["best_step"], metrics["best_accuracy"]) == (best["step"], best["accuracy"])
-    assert metrics["history"][-1]["accuracy"] == metrics["accuracy"]
-    assert sorted(scalar_events(output / "logs" / "eval")["accuracy"]) == [16, 32, 48]
+    best = next(entry for entry in metrics["history"] if entry["step"] == metrics["best_step"])
+    assert metrics[f"best_{headline}"] == best[headline]  # which one is best: tests/test_contract.py
+    assert metrics["history"][-1][headline] == metrics[headline]
+    assert sorted(scalar_events(output / "logs" / "eval")[headline]) == [16, 32, 48]
     # The best checkpoint is kept apart from the rotation (keep_checkpoints=2 keeps ckpt-40 and ckpt-48).
     rotation = tf.train.get_checkpoint_state(str(output / "checkpoints")).all_model_checkpoint_paths
     assert [Path(path).name for path in rotation] == ["ckpt-40", "ckpt-48"]

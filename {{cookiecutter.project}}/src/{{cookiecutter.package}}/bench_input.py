@@ -49,8 +49,8 @@ def naive_dataset(files: list[str], manifest: dict, batch_size: int, compression
     """What a first version often looks like: sequential reads, per-example parsing, no prefetch."""
 
     def parse_one(record):
-        inputs, labels = tasks.current().parse_batch(tf.expand_dims(record, 0), manifest, training=True)
-        return tf.nest.map_structure(lambda tensor: tensor[0], inputs), labels[0]
+        inputs, targets = tasks.current().parse_batch(tf.expand_dims(record, 0), manifest, training=True)
+        return tf.nest.map_structure(lambda tensor: tensor[0], (inputs, targets))
 
     options = tf.data.Options()
     options.autotune.enabled = False

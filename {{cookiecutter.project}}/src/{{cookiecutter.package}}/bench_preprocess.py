@@ -76,7 +76,7 @@ def plain_loop(input_root: str, output: str, data, num_shards: int, compression:
     """The same work as the pipeline, in one process; returns the number of records written."""
     task = tasks.current()
     examples = read_all(input_root, data.eval_fraction)
-    labels = sorted({example.label for _, example in examples})
+    categories = preprocess.categories_of(task, (example for _, example in examples))
     artifacts = {}
     if task.needs_fit:
         keyed = sorted(
@@ -88,7 +88,7 @@ def plain_loop(input_root: str, output: str, data, num_shards: int, compression:
     by_shard = defaultdict(list)
     for split, example in examples:
         try:
-            record, _ = task.encode(example, labels.index(example.label), data, artifacts)
+            record, _ = task.encode(example, categories, data, artifacts)
         except Rejected:  # rejected, as in the pipeline
             continue
         by_shard[(split, preprocess.shard_of(example.source, num_shards))].append(

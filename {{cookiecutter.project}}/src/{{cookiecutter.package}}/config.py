@@ -1,8 +1,10 @@
 """Typed configuration: YAML files under configs/, overridden by `dotted.key=value` arguments.
 
-Every key is a dataclass field below, with its meaning. A key that is not declared here, or a
-value of the wrong type, is an error that names the key: a typo must never silently fall back
-to a default on a TPU that costs money by the hour.
+A config names the task it trains (`task: <name>`, a package under tasks/); loading it selects
+that task, whose data and model keys join the shared ones. Every key is a dataclass field below
+(or in the task's config classes), with its meaning. A key that is not declared, or a value of
+the wrong type, is an error that names the key: a typo must never silently fall back to a default
+on a TPU that costs money by the hour.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class ConfigError(UserError):
 class DataConfig:
     """The `data:` keys every task shares; a task's own data config adds its keys (tasks/)."""
 
+    raw: str = "data/raw"
+    """The raw input `make data` writes and `make preprocess` reads (RAW=... overrides it)."""
     dir: str = "data/tfrecords"
     """Directory (local path or gs://) holding the TFRecord shards and manifest.json."""
     eval_fraction: float = 0.1
@@ -107,6 +111,8 @@ def _task():
 
 @dataclass
 class Config:
+    task: str = field(default_factory=lambda: _task().name)
+    """The task this config trains: a package under tasks/ (see tasks/__init__.py)."""
     data: Any = field(default_factory=lambda: _task().data_config())
     """The shared DataConfig keys plus the task's (e.g. image_size or seq_len)."""
     model: Any = field(default_factory=lambda: _task().model_config())
@@ -140,13 +146,41 @@ def all_keys(config: Config | None = None) -> list[str]:
     return [
         f"{section.name}.{key.name}"
         for section in dataclasses.fields(config)
+        if dataclasses.is_dataclass(getattr(config, section.name))
         for key in dataclasses.fields(getattr(config, section.name))
     ]
 
 
+def _owners(key: str) -> list[str]:
+    """The other tasks of this project that declare `key` (e.g. data.image_size)."""
+    from . import tasks
+
+    section, _, name = key.partition(".")
+    owners = []
+    for task_name in tasks.available():
+        task = tasks.load(task_name)
+        kind = {"data": task.data_config, "model": task.model_config}.get(section)
+        if (
+            task_name != _task().name
+            and dataclasses.is_dataclass(kind)
+            and name in {f.name for f in dataclasses.fields(kind)}
+        ):
+            owners.append(task_name)
+    return owners
+
+
 def _unknown_key(key: str, where: str) -> ConfigError:
+    from . import tasks
+
+    current = _task().name
+    owners = _owners(key)
+    if owners:
+        return ConfigError(
+            f"config key '{key}' {where} belongs to task {' and '.join(owners)}, but this config trains "
+            f"'{current}' (its `task:` key); the tasks here are {', '.join(tasks.available())}"
+        )
     close = difflib.get_close_matches(key, all_keys(), n=1)
-    hint = f"did you mean '{close[0]}'?" if close else "see configs/local.yaml for the keys"
+    hint = f"did you mean '{close[0]}'?" if close else f"task '{current}' has no such key (see its configs)"
     return ConfigError(f"unknown config key '{key}' {where}; {hint}")
 
 
@@ -285,9 +319,27 @@ def validate(config: Config) -> Config:
     return config
 
 
+def _select(name: str, where: str) -> None:
+    from . import tasks
+
+    try:
+        tasks.select(name, where)
+    except UserError as error:
+        raise ConfigError(str(error)) from None
+
+
 def from_dict(values: dict, where: str = "") -> Config:
+    """The config of `values` (a parsed YAML file); its `task:` key selects the task first."""
+    from . import tasks
+
+    values = dict(values or {})
+    if "task" in values:
+        name = values.pop("task")
+        if not isinstance(name, str):
+            raise ConfigError(f"task {where} must be a task's name, e.g. task: {tasks.DEFAULT}; got {name!r}")
+        _select(name, where)
     config = Config()
-    for section, keys in (values or {}).items():
+    for section, keys in values.items():
         if section not in {f.name for f in dataclasses.fields(config)}:
             raise _unknown_key(str(section), where)
         if not isinstance(keys, dict):
@@ -323,11 +375,18 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
         if not isinstance(values, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections (data, model, train, runtime)")
+            raise ConfigError(
+                f"config file {path} must hold `task:` and a mapping of sections (data, model, train, runtime)"
+            )
+    parsed = [parse_override(text) for text in overrides]
+    for key, value in parsed:
+        if key == "task":  # task=NAME on the command line picks the task before any key is read
+            _select(str(value), "on the command line")
+            values = {**values, "task": value}
     config = from_dict(values, f"in {path}" if path else "")
-    for text in overrides:
-        key, value = parse_override(text)
-        _set(config, key, value, "on the command line")
+    for key, value in parsed:
+        if key != "task":
+            _set(config, key, value, "on the command line")
     return validate(config)
 
 
@@ -360,7 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value")
     args = parser.parse_args(argv)
     config = load(args.config, args.overrides)
-    if args.get:
+    if args.get == "task":
+        print(config.task)
+    elif args.get:
         section, _, name = args.get.partition(".")
         if args.get not in all_keys(config):
             raise _unknown_key(args.get, "in --get")

@@ -3,7 +3,7 @@
     python -m {{ cookiecutter.package }}.evaluate --config configs/local.yaml [dotted.key=value ...]
 
 Restores the latest checkpoint of `runtime.output_dir`, evaluates the eval split and writes
-metrics.json (accuracy, loss, global_step, examples_per_second) next to it. `make train` runs the
+metrics.json (the task's metrics, loss, global_step, examples_per_second) next to it. `make train` runs the
 same evaluation at the end of training.
 """
 
@@ -19,7 +19,8 @@ import tensorflow as tf
 from . import config as config_lib
 from . import distribute, input_pipeline, precision
 from .errors import UserError, run_cli
-from .model import build_model, compile_model
+from . import tasks
+from .model import LOSS_METRIC, build_model, compile_model, metric_names
 
 
 def run_path(output_dir: str, *parts: str) -> str:
@@ -43,7 +44,7 @@ def sync_replica_statistics(model, strategy: tf.distribute.Strategy) -> None:
 
 
 def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> dict:
-    """Weighted accuracy and cross-entropy over the whole eval split, and its throughput."""
+    """The task's weighted metrics and loss over the whole eval split, and its throughput."""
     sync_replica_statistics(model, strategy)
     dataset, steps = input_pipeline.distributed_dataset(
         strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
@@ -53,11 +54,17 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> d
     elapsed = time.perf_counter() - started
     examples = manifest["splits"]["eval"]["num_examples"]
     return {
-        "accuracy": float(results["accuracy"]),
-        "loss": float(results["xent"]),
+        **{name: float(results[LOSS_METRIC if name == "loss" else name]) for name in metric_names()},
         "eval_examples": examples,
         "eval_examples_per_second": examples / elapsed,
     }
+
+
+def describe(metrics: dict) -> str:
+    """The metrics in words, the task's headline first: e.g. 'accuracy 0.9313, loss 0.2208'."""
+    headline = tasks.current().headline_metric
+    names = [headline, *(name for name in metric_names() if name != headline)]
+    return ", ".join(f"{name} {metrics[name]:.4f}" for name in names)
 
 
 def write_metrics(output_dir: str, metrics: dict) -> str:
@@ -70,8 +77,8 @@ def write_metrics(output_dir: str, metrics: dict) -> str:
 def write_eval_summaries(output_dir: str, metrics: dict, step: int) -> None:
     writer = tf.summary.create_file_writer(run_path(output_dir, "logs", "eval"))
     with writer.as_default(step=step):
-        tf.summary.scalar("accuracy", metrics["accuracy"])
-        tf.summary.scalar("loss", metrics["loss"])
+        for name in metric_names():
+            tf.summary.scalar(name, metrics[name])
     writer.close()
 
 
@@ -108,10 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "examples_per_second": previous.get("examples_per_second", metrics["eval_examples_per_second"]),
     }
     write_metrics(cfg.runtime.output_dir, metrics)
-    print(
-        f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} "
-        f"on {metrics['eval_examples']} examples at step {step} -> {path}"
-    )
+    print(f"eval {describe(metrics)} on {metrics['eval_examples']} examples at step {step} -> {path}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The model seam: the task builds the network; precision, optimizer, loss and metrics are shared.
+"""The model seam: the task builds the network and says what it optimises (its loss and metrics);
+the optimizer, the weighting of evaluation and gradient accumulation are shared.
 
 The precision (bfloat16 compute with float32 variables, or float32) is chosen in precision.py;
 every task returns float32 logits for a stable loss.
@@ -54,8 +55,25 @@ def build_model(cfg: Config, manifest: dict) -> keras.Model:
     return model
 
 
+# The weighted per-example loss under its own metric name ("loss" is Keras' own, unweighted and
+# including regularisation): evaluation reports it as `loss`.
+LOSS_METRIC = "weighted_loss"
+
+
+def objective_metrics() -> list:
+    """The task's metrics plus the weighted mean of its loss per example, fresh instances."""
+    task = tasks.current()
+    loss = task.loss()
+    return [*task.metrics(), keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC)]
+
+
+def metric_names() -> list[str]:
+    """The names evaluation reports: `loss` first, then the task's metrics."""
+    return ["loss", *(metric.name for metric in tasks.current().metrics())]
+
+
 def compile_model(model: keras.Model, train: TrainConfig, steps_per_execution: int) -> keras.Model:
-    """Attaches the optimizer (with the scaled, warmed-up schedule), loss and metrics.
+    """Attaches the optimizer (with the scaled, warmed-up schedule) and the task's loss and metrics.
 
     The metrics are weighted so that evaluation, which pads the last steps with weight-0
     examples to keep shapes static, counts every real example exactly once.
@@ -72,11 +90,8 @@ def compile_model(model: keras.Model, train: TrainConfig, steps_per_execution: i
     optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "embeddings"])  # norms, biases
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        weighted_metrics=[
-            keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-            keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent"),
-        ],
+        loss=tasks.current().loss(),
+        weighted_metrics=objective_metrics(),
         steps_per_execution=steps_per_execution,
     )
     return model

@@ -1,9 +1,10 @@
-"""Predictions from a run's export: the label and its probability for each input.
+"""Predictions from a run's export: what the task serves for each input (the classifiers: the label
+and its probability), one line each, the input's name last.
 
     python -m {{ cookiecutter.package }}.predict --run runs/local INPUT...      # make predict INPUT="..."
 
-Works from RUN/export alone (a SavedModel plus assets.extra/: the label names, the manifest and
-what the task needs, e.g. its tokenizer), so an export copied to another machine still predicts.
+Works from RUN/export alone (a SavedModel plus assets.extra/: the manifest and what the task
+needs, e.g. its tokenizer), so an export copied to another machine still predicts.
 What an INPUT is depends on the task: the task's `predict_inputs` reads it.
 """
 
@@ -19,7 +20,7 @@ from .errors import UserError, run_cli
 
 
 def load_export(run_dir: str):
-    """(the serving function, the label names, the manifest) of RUN_DIR/export."""
+    """(the serving function, the manifest, the export's folder) of RUN_DIR/export."""
     import tensorflow as tf
 
     export_dir = f"{run_dir.rstrip('/')}/export"
@@ -28,38 +29,39 @@ def load_export(run_dir: str):
             f"no SavedModel in {export_dir}; run `make train` first, or pass --run with the run "
             "directory (runtime.output_dir) of a finished training"
         )
-    extra = f"{export_dir}/assets.extra"
-    with tf.io.gfile.GFile(f"{extra}/labels.json") as handle:
-        labels = json.load(handle)
-    with tf.io.gfile.GFile(f"{extra}/manifest.json") as handle:
+    with tf.io.gfile.GFile(f"{export_dir}/assets.extra/manifest.json") as handle:
         manifest = json.load(handle)
-    return tf.saved_model.load(export_dir).signatures["serving_default"], labels, manifest, export_dir
+    return tf.saved_model.load(export_dir).signatures["serving_default"], manifest, export_dir
 
 
-def predict(run_dir: str, inputs: Sequence[str]) -> list[tuple[str, str, float]]:
-    """(input name, predicted label, its probability) for every example in `inputs`."""
+def predict(run_dir: str, inputs: Sequence[str]) -> list[tuple[str, dict]]:
+    """(input name, what the task serves for it as {field: value}) for every example in `inputs`."""
     import tensorflow as tf
 
-    serve, labels, manifest, export_dir = load_export(run_dir)
-    names, batch = tasks.current().predict_inputs(inputs, export_dir, manifest)
-    outputs = serve(tf.constant(batch))
-    probabilities = outputs["probabilities"].numpy()
-    classes = outputs["class"].numpy()
-    return [
-        (name, labels[index], float(probabilities[row, index])) for row, (name, index) in enumerate(zip(names, classes))
-    ]
+    serve, manifest, export_dir = load_export(run_dir)
+    tasks.select(manifest["task"], f"(the task of {export_dir})")
+    task = tasks.current()
+    names, batch = task.predict_inputs(inputs, export_dir, manifest)
+    outputs = {key: value.numpy() for key, value in serve(tf.nest.map_structure(tf.constant, batch)).items()}
+    return list(zip(names, task.predictions(outputs, export_dir, manifest)))
+
+
+def line(name: str, fields: dict) -> str:
+    """One printed prediction: the fields tab-separated (floats with 3 decimals), the input's name last."""
+    values = [f"{value:.3f}" if isinstance(value, float) else str(value) for value in fields.values()]
+    return "\t".join([*values, name])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="run directory (runtime.output_dir) holding export/")
-    parser.add_argument("inputs", nargs="*", help="the inputs to classify")
+    parser.add_argument("inputs", nargs="*", help="the inputs to predict for")
     args = parser.parse_args(argv)
     if not args.inputs:
-        raise UserError('no input given; pass files to classify, e.g. make predict INPUT="path ..."')
+        raise UserError('no input given; pass the files to predict for, e.g. make predict INPUT="path ..."')
     gcp.require_credentials({"--run": args.run})
-    for name, label, probability in predict(args.run, args.inputs):
-        print(f"{label}\t{probability:.3f}\t{name}")
+    for name, fields in predict(args.run, args.inputs):
+        print(line(name, fields))
     return 0
 
 

@@ -144,10 +144,10 @@ class EncodeExamples(beam.DoFn):
         self.by_shard = defaultdict(list)
         self.stats = defaultdict(float)
 
-    def process(self, element, labels: list, counts: dict, artifacts: dict):
+    def process(self, element, categories: list, counts: dict, artifacts: dict):
         split, example = element
         try:
-            record, stats = self.task.encode(example, labels.index(example.label), self.data, artifacts)
+            record, stats = self.task.encode(example, categories, self.data, artifacts)
         except Rejected as error:
             yield beam.pvalue.TaggedOutput(
                 "rejected",
@@ -168,6 +168,11 @@ class EncodeExamples(beam.DoFn):
             yield WindowedValue((key, records), 0, [GlobalWindow()])
         if self.stats:
             yield beam.pvalue.TaggedOutput("stats", WindowedValue(dict(self.stats), 0, [GlobalWindow()]))
+
+
+def categories_of(task, examples: Iterable) -> list:
+    """The sorted category names of `examples` for a task with categorical targets, else []."""
+    return sorted({example.target for example in examples}) if task.categorical_targets else []
 
 
 def shard_counts(counts: dict, bytes_per_example: int, reading_hosts: int, num_shards: int | None) -> dict:
@@ -242,7 +247,7 @@ def finalize(
     shards: list,
     rejected: list,
     stats: list,
-    labels: list,
+    categories: list,
     artifacts: dict,
     *,
     task,
@@ -299,9 +304,7 @@ def finalize(
         "source": input_root,
         "splits": splits,
         "feature_spec": task.feature_spec(data),
-        **task.manifest_fields(data, artifacts, sum_stats(stats)),
-        "label_names": list(labels),
-        "num_classes": len(labels),
+        **task.manifest_fields(data, artifacts, sum_stats(stats), categories),
         "eval_fraction": data.eval_fraction,
         "compression": compression,
         "artifacts": sorted(artifacts),
@@ -351,13 +354,16 @@ def build_pipeline(
         | "Read" >> beam.ParDo(ReadFiles(task, root, data.eval_fraction)).with_outputs("rejected", main="examples")
     )
     examples = read.examples
-    labels = (
-        examples
-        | "Labels" >> beam.Map(lambda element: element[1].label)
-        | "DistinctLabels" >> beam.Distinct()
-        | "SortedLabels" >> beam.combiners.ToList()
-        | "Sort" >> beam.Map(sorted)
-    )
+    if task.categorical_targets:
+        categories = (
+            examples
+            | "Targets" >> beam.Map(lambda element: element[1].target)
+            | "DistinctTargets" >> beam.Distinct()
+            | "SortedTargets" >> beam.combiners.ToList()
+            | "Sort" >> beam.Map(sorted)
+        )
+    else:
+        categories = pipeline | "NoCategories" >> beam.Create([[]])
     counts = (
         examples
         | "Splits" >> beam.Map(lambda element: element[0])
@@ -377,7 +383,7 @@ def build_pipeline(
 
     encoded = examples | "Encode" >> beam.ParDo(
         EncodeExamples(task, root, data, num_shards, reading_hosts),
-        labels=beam.pvalue.AsSingleton(labels),
+        categories=beam.pvalue.AsSingleton(categories),
         counts=beam.pvalue.AsDict(counts),
         artifacts=beam.pvalue.AsSingleton(artifacts),
     ).with_outputs("rejected", "stats", main="records")
@@ -396,7 +402,7 @@ def build_pipeline(
             shards=beam.pvalue.AsList(written),
             rejected=beam.pvalue.AsList(rejected),
             stats=beam.pvalue.AsList(encoded.stats),
-            labels=beam.pvalue.AsSingleton(labels),
+            categories=beam.pvalue.AsSingleton(categories),
             artifacts=beam.pvalue.AsSingleton(artifacts),
             task=task,
             data=data,

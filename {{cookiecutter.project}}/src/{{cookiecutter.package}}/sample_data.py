@@ -1,6 +1,8 @@
 """Writes the task's generated sample raw data to RAW (`make data`); nothing is downloaded.
 
-python -m {{ cookiecutter.package }}.sample_data --output data/raw [--small]
+python -m {{ cookiecutter.package }}.sample_data [--config FILE] [--output RAW] [--small]
+
+The task is the one the config names; the folder defaults to the config's `data.raw`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from . import config as config_lib
 from . import tasks
 from .errors import run_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", default="data/raw", help="folder to write (created)")
+    parser.add_argument("--config", help="config file naming the task (default: this project's task)")
+    parser.add_argument("--output", help="folder to write (created); default: the config's data.raw")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--small", action="store_true", help="a few hundred examples, for quick tries and tests")
     args = parser.parse_args(argv)
-    output = Path(args.output)
+    cfg = config_lib.load(args.config)
+    output = Path(args.output or cfg.data.raw)
     print(f"writing sample data to {output}/", flush=True)
     print(tasks.current().write_sample_data(output, seed=args.seed, small=args.small))
     return 0

@@ -9,11 +9,17 @@ A task is a package under `tasks/` whose `TASK` object implements `Task`:
     preprocessing (Beam workers)  list_raw -> read_raw -> [fit] -> encode
     input (tf.data)               check_manifest, parse_batch, padding_record, synthetic_batch
     model                         build_model
-    serving                       serving_signature, export_assets, predict_inputs
-    the rest                      write_sample_data, doctor_rules, describe_data
+    objective                     loss, metrics, headline_metric, higher_is_better
+    serving                       serving_signature, export_assets, predict_inputs, predictions
+    the rest                      write_sample_data, doctor_rules, describe_data, output_layers
+
+The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
+reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
+(highest or lowest, as `higher_is_better` says) and prints what `predictions` returns.
 
 A new model for the same data changes only the task's `model.py`; a new raw format only its
-`read_raw`/`list_raw`; a new task is a new package with its own configs and sample data.
+`read_raw`/`list_raw`; a new task is a new package with its own configs and sample data
+(`make new-task NAME=...` writes a working one).
 """
 
 from __future__ import annotations
@@ -43,7 +49,10 @@ class RawExample:
     """
 
     source: str
-    label: str
+    target: Any
+    """What the model learns to predict for this example, as the raw input says it: a category's
+    name when the task has `categorical_targets`, else whatever the task's `encode` reads (a number,
+    or None when the payload holds it)."""
     payload: Any
     """What `encode` needs: the file's bytes for an image, the text for a text example."""
     split: str | None = None
@@ -53,7 +62,7 @@ class RawExample:
 
 @dataclass(frozen=True)
 class RawRejection:
-    """A raw input rejected while reading (before a label is known): source, reason, detail."""
+    """A raw input rejected while reading (before it is an example): source, reason, detail."""
 
     source: str
     reason: str
@@ -88,6 +97,20 @@ def files_under(input_root: str) -> list[str]:
     return [metadata.path[len(root) + 1 :] for metadata in matched]
 
 
+@dataclass(frozen=True)
+class Testing:
+    """What the shared contract tests (tests/test_contract.py) need to know of a task."""
+
+    overrides: tuple[str, ...] = ()
+    """Config overrides that make the task small and quick on a CPU (its data and model keys)."""
+    rejected: int = 0
+    """How many inputs of the small sample (`write_sample_data(small=True)`) preprocessing rejects."""
+    mismatch: str = ""
+    """An override that the small sample's shards do not fit: `check_manifest` must refuse it."""
+    predict_inputs: Callable[[Path, Path], list[str]] | None = None
+    """(the small sample's folder, a scratch folder) -> the INPUT paths of a `make predict`."""
+
+
 class Task:
     """The contract. Subclass it in `tasks/<name>/task.py` and set `TASK = YourTask()`."""
 
@@ -104,6 +127,14 @@ class Task:
     """Why an input was rejected: code -> meaning (counted in the manifest and Beam metrics)."""
     needs_fit: bool = False
     """True when encoding needs something learned from the train split first (a tokenizer)."""
+    categorical_targets: bool = False
+    """True when `RawExample.target` names a category: preprocessing then collects the sorted
+    category names of the whole input and hands them to `encode` and `manifest_fields`."""
+    headline_metric: str = "loss"
+    """The metric that judges a run: the name of one of `metrics()`, or `loss`. The best periodic
+    evaluation is kept by it, and metrics.json records it as `best_<name>`."""
+    higher_is_better: bool = False
+    """Whether a larger `headline_metric` is better (accuracy) or a smaller one (loss, error)."""
 
     # --------------------------------------------------------------- preprocessing (Beam)
     def list_raw(self, input_root: str) -> Listing:
@@ -123,17 +154,21 @@ class Task:
         """How many train payloads `fit` sees at most (a bounded, hash-chosen sample)."""
         return 0
 
-    def encode(self, example: RawExample, label: int, data: Any, artifacts: dict[str, bytes]) -> tuple[bytes, dict]:
+    def encode(
+        self, example: RawExample, categories: Sequence[str], data: Any, artifacts: dict[str, bytes]
+    ) -> tuple[bytes, dict]:
         """(serialized tf.train.Example, additive statistics such as {'tokens': 42}); raises
-        `Rejected` for an input that does not decode."""
+        `Rejected` for an input that does not decode. `categories` are the sorted category names
+        (with `categorical_targets`; empty otherwise)."""
         raise NotImplementedError
 
     def feature_spec(self, data: Any) -> dict:
         """JSON description of an example: written into the manifest, compared at start-up."""
         raise NotImplementedError
 
-    def manifest_fields(self, data: Any, artifacts: dict[str, bytes], stats: dict) -> dict:
-        """Task facts for manifest.json (e.g. image_size; the tokenizer's file and sha256)."""
+    def manifest_fields(self, data: Any, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]) -> dict:
+        """Task facts for manifest.json (e.g. image_size; the tokenizer's file and sha256; the
+        category names)."""
         return {}
 
     def bytes_per_example(self, data: Any) -> int:
@@ -145,7 +180,7 @@ class Task:
         """Raises UserError when the shards do not fit the config (size, tokenizer, ...)."""
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
-        """A batch of serialized examples -> (features, int32 labels), with static shapes.
+        """A batch of serialized examples -> (features, targets), with static shapes.
         `training` is True for the train split: the place for random augmentation, which runs here,
         on the host, inside the input pipeline's parallel map; False gives deterministic features."""
         raise NotImplementedError
@@ -155,21 +190,39 @@ class Task:
         raise NotImplementedError
 
     def synthetic_batch(self, batch_size: int, manifest: dict):
-        """(features, labels) of random data shaped like a parsed batch (benchmarks)."""
+        """(features, targets) of random data shaped like a parsed batch (benchmarks)."""
         raise NotImplementedError
 
     def describe_data(self, manifest: dict) -> str:
-        """A few words on the examples, e.g. '32px images' (for the start-up line)."""
+        """A few words on the examples, e.g. '4 classes, 32px images' (for the start-up line)."""
         return ""
 
     # --------------------------------------------------------------- model
     def build_model(self, model: Any, manifest: dict):
-        """A Keras model from parsed features to float32 logits [batch, num_classes]."""
+        """A Keras model from parsed features to what `loss` compares with the targets; its
+        outputs are float32 (under mixed bfloat16, cast the last layer's output)."""
         raise NotImplementedError
+
+    def output_layers(self, model) -> list[str]:
+        """Names of the layers that produce the model's outputs (their widths are set by the data,
+        not by choice: `make doctor`'s width rules leave them alone)."""
+        return list(model.output_names)
+
+    # --------------------------------------------------------------- objective
+    def loss(self):
+        """The Keras loss training minimises (from the model's float32 outputs). Its `call(targets,
+        outputs)` gives one value per example: evaluation weights those to count every real example
+        once and reports their mean as `loss`."""
+        raise NotImplementedError
+
+    def metrics(self) -> list:
+        """Keras metrics reported in training logs, evaluation, TensorBoard and metrics.json under
+        their names (weighted like the loss). New instances on every call."""
+        return []
 
     # --------------------------------------------------------------- serving
     def serving_signature(self, model, manifest: dict) -> Callable:
-        """A tf.function with an input signature: model inputs -> {'probabilities', 'class'}."""
+        """A tf.function with an input signature: model inputs -> a dict of named outputs."""
         raise NotImplementedError
 
     def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
@@ -181,20 +234,30 @@ class Task:
         raises UserError for an input that cannot be read."""
         raise NotImplementedError
 
+    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
+        """What `make predict` prints for each example, from the serving signature's outputs (numpy
+        arrays): an ordered {field: value} per example, e.g. {'label': 'cat', 'probability': 0.93}.
+        Floats print with 3 decimals."""
+        raise NotImplementedError
+
     # --------------------------------------------------------------- the rest
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
         """Writes the generated sample raw data (no download); returns a one-line summary.
         `small` writes a few hundred examples for tests."""
         raise NotImplementedError
 
-    def nominal_manifest(self, data: Any, num_classes: int = 10) -> dict:
-        """The manifest fields `build_model` needs, from the config alone (for `make doctor`
-        before any data exists)."""
+    def nominal_manifest(self, data: Any) -> dict:
+        """The manifest fields `build_model` needs, from the config alone and typical values for
+        what only the data decides (for `make doctor` before any data exists)."""
         raise NotImplementedError
 
     def width_fix(self, model: Any, quantum: int) -> str:
         """The config change that makes the model's widths multiples of `quantum` (doctor)."""
         return f"make the model.* widths multiples of {quantum}"
+
+    def testing(self) -> Testing:
+        """What the contract tests need: small overrides, the sample's rejections, predict inputs."""
+        return Testing()
 
     def doctor_rules(self) -> list:
         """This task's `make doctor` rules: (name, function) pairs, each function taking

@@ -24,10 +24,10 @@ from . import config as config_lib
 from . import distribute, input_pipeline, precision, preemption, schedule, tasks
 from . import steps_per_execution as spe_lib
 from .errors import UserError, run_cli
-from .evaluate import evaluate_model, run_path, write_eval_summaries, write_metrics
+from .evaluate import describe, evaluate_model, run_path, write_eval_summaries, write_metrics
 from .keras import keras
 from .topology import Target
-from .model import build_model, compile_model
+from .model import build_model, compile_model, metric_names
 
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
 
@@ -113,21 +113,25 @@ class TrainingMonitor(keras.callbacks.Callback):
         self.record_evaluation(step, metrics)
         self.eval_seconds += time.perf_counter() - started
         print(
-            f"eval at step {step}: accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f}"
-            f"{'  (best so far)' if self.best()['step'] == step else ''}",
+            f"eval at step {step}: {describe(metrics)}{'  (best so far)' if self.best()['step'] == step else ''}",
             flush=True,
         )
         self.model.reset_metrics()  # evaluate() shares the compiled metrics with training
 
     def record_evaluation(self, step: int, metrics: dict) -> None:
-        self.history.append({"step": step, "accuracy": metrics["accuracy"], "loss": metrics["loss"]})
+        # A rerun of a finished run evaluates its last step again: that entry is replaced, not repeated.
+        entry = {"step": step, **{name: metrics[name] for name in metric_names()}}
+        self.history = [*(kept for kept in self.history if kept["step"] != step), entry]
         write_eval_summaries(self.cfg.runtime.output_dir, metrics, step)
         if self.best_manager is not None and self.best()["step"] == step:
             self.best_manager.save(checkpoint_number=step)
 
     def best(self) -> dict:
-        """The evaluation with the highest accuracy (the earliest among equals)."""
-        return max(self.history, key=lambda entry: entry["accuracy"])
+        """The evaluation with the best headline metric, highest or lowest as the task says (the
+        earliest among equals)."""
+        task = tasks.current()
+        choose = max if task.higher_is_better else min
+        return choose(self.history, key=lambda entry: entry[task.headline_metric])
 
     def _write_step_summaries(self, previous: int, step: int, logs: dict) -> None:
         with self.writer.as_default():
@@ -139,8 +143,8 @@ class TrainingMonitor(keras.callbacks.Callback):
                     schedule.learning_rate_at(each, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps),
                     step=each,
                 )
-            tf.summary.scalar("loss", logs["loss"], step=step)
-            tf.summary.scalar("accuracy", logs["accuracy"], step=step)
+            for name in metric_names():
+                tf.summary.scalar(name, logs[name], step=step)
 
     def _log(self, step: int, logs: dict, now: float) -> None:
         steps = step - self.last_log_step
@@ -148,8 +152,9 @@ class TrainingMonitor(keras.callbacks.Callback):
         examples = rate * self.cfg.effective_batch_size
         self.last_log_step, self.last_log_time = step, now
         lr = schedule.learning_rate_at(step, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps)
+        values = "  ".join(f"{name} {logs[name]:.4f}" for name in metric_names())
         print(
-            f"step {step:6d}/{self.cfg.train.total_steps}  loss {logs['loss']:.4f}  accuracy {logs['accuracy']:.4f}  "
+            f"step {step:6d}/{self.cfg.train.total_steps}  {values}  "
             f"lr {lr:.5f}  {rate:7.2f} steps/s  {examples:9.1f} examples/s",
             flush=True,
         )
@@ -159,7 +164,7 @@ class TrainingMonitor(keras.callbacks.Callback):
                 tf.summary.scalar("examples_per_second", examples, step=step)
         self.writer.flush()
         # Keras reports running means since fit() started (one long epoch here): restart them so that
-        # each logged loss and accuracy covers the last log_every steps only.
+        # each logged loss and metric covers the last log_every steps only.
         self.model.reset_metrics()
 
     def _profile(self, step: int) -> None:
@@ -306,7 +311,7 @@ def train(cfg: config_lib.Config) -> dict:
     )
     print(
         f"data: {manifest['splits']['train']['num_examples']} train / {manifest['splits']['eval']['num_examples']} "
-        f"eval examples, {manifest['num_classes']} classes, {tasks.current().describe_data(manifest)}; global batch "
+        f"eval examples, {tasks.current().describe_data(manifest)}; global batch "
         f"{cfg.train.global_batch_size} = {per_replica} per replica x {resolved.replicas}{effective}; learning rate "
         f"{peak:g} (= {cfg.train.base_learning_rate:g} x {cfg.effective_batch_size}/{cfg.train.base_batch_size}),"
         f" warm-up {cfg.train.warmup_steps} updates; precision {chosen_precision.describe()}",
@@ -408,11 +413,10 @@ def train(cfg: config_lib.Config) -> dict:
 
     clock.start("evaluation")
     metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
-    metrics.update(
-        global_step=step,
-        examples_per_second=monitor.examples_per_second(),
-        mixed_precision=cfg.runtime.mixed_precision,
-    )
+    throughput = monitor.examples_per_second()
+    if not math.isfinite(throughput):  # no step trained in this start (a rerun): keep the run's figure
+        throughput = read_metrics(output_dir).get("examples_per_second") or 0.0
+    metrics.update(global_step=step, examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
     if monitor.save_seconds:
         metrics["checkpoint_save_seconds"] = round(max(monitor.save_seconds), 3)
     if cfg.train.eval_every:
@@ -424,10 +428,12 @@ def train(cfg: config_lib.Config) -> dict:
     export_dir = export(model, output_dir, manifest, cfg.data.dir)
     timings = clock.report()
     metrics["phase_seconds"] = {name: round(seconds, 2) for name, seconds in clock.seconds.items() if name != "done"}
-    write_metrics(output_dir, metrics)
-    best = f" (best {metrics['best_accuracy']:.4f} at step {metrics['best_step']})" if "best_step" in metrics else ""
+    # Over what an earlier start wrote: a rerun of a finished run renews the evaluation and keeps the rest.
+    write_metrics(output_dir, {**read_metrics(output_dir), **metrics})
+    headline = tasks.current().headline_metric
+    best = f" (best {metrics[f'best_{headline}']:.4f} at step {metrics['best_step']})" if "best_step" in metrics else ""
     print(
-        f"eval accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} at step {step}{best}; "
+        f"eval {describe(metrics)} at step {step}{best}; "
         f"training {metrics['examples_per_second']:.1f} examples/s; metrics -> {run_path(output_dir, 'metrics.json')}; "
         f"SavedModel -> {export_dir}",
         flush=True,
@@ -437,8 +443,8 @@ def train(cfg: config_lib.Config) -> dict:
 
 
 def summarize_history(monitor: TrainingMonitor) -> dict:
-    best = monitor.best()
-    return {"best_accuracy": best["accuracy"], "best_step": best["step"], "history": monitor.history}
+    best, headline = monitor.best(), tasks.current().headline_metric
+    return {f"best_{headline}": best[headline], "best_step": best["step"], "history": monitor.history}
 
 
 def read_metrics(output_dir: str) -> dict:
@@ -450,8 +456,8 @@ def read_metrics(output_dir: str) -> dict:
 
 
 def export(model: keras.Model, output_dir: str, manifest: dict, data_dir: str) -> str:
-    """A SavedModel with the task's serving signature (inputs -> probabilities and class), and in
-    its assets.extra/ what `predict` needs: the label names, the manifest and the task's assets."""
+    """A SavedModel with the task's serving signature, and in its assets.extra/ what `predict`
+    needs: the manifest and the task's assets (e.g. its tokenizer)."""
     task = tasks.current()
     path = run_path(output_dir, "export")
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
@@ -461,7 +467,6 @@ def export(model: keras.Model, output_dir: str, manifest: dict, data_dir: str) -
     extra = run_path(path, "assets.extra")
     tf.io.gfile.makedirs(extra)
     files = {
-        "labels.json": json.dumps(manifest["label_names"]).encode(),
         "manifest.json": json.dumps(manifest, indent=2).encode(),
         **task.export_assets(manifest, data_dir),
     }

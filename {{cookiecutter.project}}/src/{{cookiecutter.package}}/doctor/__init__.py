@@ -25,7 +25,7 @@ Batch size and tensor padding ("Batch size", "Tensor dimensions", "Padding"):
 Model ("Tensor dimensions", "Fully connected layers", "Batch normalization", "bfloat16"):
   model.build               the model builds (on the CPU) and has conv or dense layers to check
   model.feature_dims        Conv filters and hidden Dense units are multiples of 128 (of 8 when the global
-                            batch is a multiple of 1024); the logits layer (num_classes wide) is exempt
+                            batch is a multiple of 1024); the output layers (their width is the data's) are exempt
   model.narrow_layers       layers under 128 wide use a fraction of the 128x128 MXU
   model.hidden_dense        hidden Dense layers under 512 units are too small to keep the MXU busy
   model.batch_norm          per-replica batch under 32 with per-replica batch-norm statistics

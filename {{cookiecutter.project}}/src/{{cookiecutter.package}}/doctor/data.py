@@ -138,7 +138,7 @@ def data_manifest(ctx: Context) -> Verdict:
     splits = manifest["splits"]
     return passed(
         f"{ctx.cfg.data.dir}: {splits['train']['num_examples']} train / {splits['eval']['num_examples']} "
-        f"eval examples, {manifest['num_classes']} classes, {tasks.current().describe_data(manifest)}, feature spec "
+        f"eval examples, {tasks.current().describe_data(manifest)}, feature spec "
         f"v{manifest['feature_spec']['version']}"
     )
 

@@ -142,7 +142,7 @@ def model_layers(model) -> list[LayerInfo]:
     """The conv, dense and batch-norm layers of a Keras model, nested models included."""
     from ..keras import keras
 
-    outputs = set(model.output_names)
+    outputs = set(tasks.current().output_layers(model))
     found = []
 
     def visit(layer):

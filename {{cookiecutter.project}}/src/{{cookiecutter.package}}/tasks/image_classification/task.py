@@ -23,7 +23,8 @@ import numpy as np
 
 from ... import config as config_lib
 from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Task, files_under
+from ...task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
+from ..classification import ClassificationTask
 from . import csv_index, features, sample_data
 
 # Example proto and TFRecord framing around the pixels, for sizing shards.
@@ -86,7 +87,7 @@ class ImageModelConfig:
         return None
 
 
-class ImageClassificationTask(Task):
+class ImageClassificationTask(ClassificationTask):
     name = "image_classification"
     data_config = ImageDataConfig
     model_config = ImageModelConfig
@@ -126,7 +127,7 @@ class ImageClassificationTask(Task):
         else:
             yield RawExample(relative, relative.split("/", 1)[0], data)
 
-    def encode(self, example: RawExample, label: int, data: ImageDataConfig, artifacts) -> tuple[bytes, dict]:
+    def encode(self, example: RawExample, categories, data: ImageDataConfig, artifacts) -> tuple[bytes, dict]:
         content = example.payload
         if isinstance(content, str):  # a CSV row: where the image is, read here on the Beam worker
             content = csv_index.read_image(content)
@@ -137,13 +138,14 @@ class ImageClassificationTask(Task):
         except Exception as error:  # a bad file must never fail the job
             reason = features.reject_reason(error)
             raise Rejected(reason, features.reject_detail(reason, error)) from None
-        return features.encode(pixels, label, data.image_encoding), {}
+        return features.encode(pixels, categories.index(example.target), data.image_encoding), {}
 
     def feature_spec(self, data: ImageDataConfig) -> dict:
         return features.feature_spec(data.image_size, data.image_encoding)
 
-    def manifest_fields(self, data: ImageDataConfig, artifacts, stats) -> dict:
-        return {"image_size": data.image_size, "image_encoding": data.image_encoding}
+    def manifest_fields(self, data: ImageDataConfig, artifacts, stats, categories) -> dict:
+        classes = super().manifest_fields(data, artifacts, stats, categories)
+        return {"image_size": data.image_size, "image_encoding": data.image_encoding, **classes}
 
     def bytes_per_example(self, data: ImageDataConfig) -> int:
         side = features.stored_side(data.image_size, data.image_encoding)
@@ -188,12 +190,12 @@ class ImageClassificationTask(Task):
 
         size = manifest["image_size"]
         images = tf.random.uniform([batch_size, size, size, features.CHANNELS], maxval=256, dtype=tf.int32)
-        labels = tf.random.uniform([batch_size], maxval=manifest["num_classes"], dtype=tf.int32)
-        return tf.cast(images, tf.uint8), labels
+        return tf.cast(images, tf.uint8), self.random_targets(batch_size, manifest)
 
     def describe_data(self, manifest: dict) -> str:
         augmentation = ", augmented" if manifest.get("augmentation") else ""
-        return f"{manifest['image_size']}px images ({_encoding(manifest)}{augmentation})"
+        images = f"{manifest['image_size']}px images ({_encoding(manifest)}{augmentation})"
+        return f"{super().describe_data(manifest)}, {images}"
 
     # --------------------------------------------------------------- model
     def build_model(self, model: ImageModelConfig, manifest: dict):
@@ -209,8 +211,7 @@ class ImageClassificationTask(Task):
 
         @tf.function(input_signature=[tf.TensorSpec([None, size, size, features.CHANNELS], tf.uint8, name="image")])
         def serve(image):
-            logits = tf.cast(model(image, training=False), tf.float32)
-            return {"probabilities": tf.nn.softmax(logits), "class": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+            return self.serve_logits(model(image, training=False))
 
         return serve
 
@@ -246,12 +247,25 @@ class ImageClassificationTask(Task):
             "(to show rejection)"
         )
 
-    def nominal_manifest(self, data: ImageDataConfig, num_classes: int = 10) -> dict:
-        return {"image_size": data.image_size, "image_encoding": data.image_encoding, "num_classes": num_classes}
+    def nominal_manifest(self, data: ImageDataConfig) -> dict:
+        return {"image_size": data.image_size, "image_encoding": data.image_encoding, "num_classes": 10}
+
+    def testing(self) -> Testing:
+        # 16 px images and a narrow CNN: the same code path in seconds.
+        return Testing(
+            overrides=("data.image_size=16", "model.widths=[8,16]"),
+            rejected=2,
+            mismatch="data.image_size=24",
+            predict_inputs=_one_image_per_class,
+        )
 
     def width_fix(self, model: ImageModelConfig, quantum: int) -> str:
         widths = ",".join(str(max(quantum, math.ceil(width / quantum) * quantum)) for width in model.widths)
         return f"model.widths=[{widths}]"
+
+
+def _one_image_per_class(raw: Path, scratch: Path) -> list[str]:
+    return [str(sorted(folder.glob("*.png"))[0]) for folder in sorted(raw.iterdir()) if folder.is_dir()]
 
 
 def _encoding(manifest: dict) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Task, files_under
+from ...task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
+from ..classification import ClassificationTask
 from . import doctor_rules, sample_data, tokenizer
 from .config import TextDataConfig, TextModelConfig
 
@@ -35,7 +36,7 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8-sig")
 
 
-class TextClassificationTask(Task):
+class TextClassificationTask(ClassificationTask):
     name = "text_classification"
     data_config = TextDataConfig
     model_config = TextModelConfig
@@ -89,24 +90,27 @@ class TextClassificationTask(Task):
         return data.tokenizer_sample
 
     def encode(
-        self, example: RawExample, label: int, data: TextDataConfig, artifacts: dict[str, bytes]
+        self, example: RawExample, categories: Sequence[str], data: TextDataConfig, artifacts: dict[str, bytes]
     ) -> tuple[bytes, dict]:
         ids = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], example.payload)
         if not ids:  # e.g. only characters that normalisation removes
             raise Rejected("empty", "no tokens after tokenization")
         kept = ids[: data.seq_len]
         stats = {"examples": 1, "tokens": len(ids), "truncated": int(len(ids) > data.seq_len), "kept_tokens": len(kept)}
-        return tokenizer.serialize(kept, label), stats
+        return tokenizer.serialize(kept, categories.index(example.target)), stats
 
     def feature_spec(self, data: TextDataConfig) -> dict:
         return tokenizer.feature_spec(data.seq_len)
 
-    def manifest_fields(self, data: TextDataConfig, artifacts: dict[str, bytes], stats: dict) -> dict:
+    def manifest_fields(
+        self, data: TextDataConfig, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]
+    ) -> dict:
         model_bytes = artifacts[tokenizer.MODEL_FILE]
         pieces = tokenizer.vocab_size(model_bytes)
         examples = stats.get("examples", 0)
         positions = examples * data.seq_len
         return {
+            **super().manifest_fields(data, artifacts, stats, categories),
             "seq_len": data.seq_len,
             "vocab_size": pieces,
             "tokenizer": {
@@ -165,11 +169,11 @@ class TextClassificationTask(Task):
         ids = tf.random.uniform(
             [batch_size, manifest["seq_len"]], minval=2, maxval=manifest["vocab_size"], dtype=tf.int32
         )
-        labels = tf.random.uniform([batch_size], maxval=manifest["num_classes"], dtype=tf.int32)
-        return ids, labels
+        return ids, self.random_targets(batch_size, manifest)
 
     def describe_data(self, manifest: dict) -> str:
-        return f"sequences of {manifest['seq_len']} tokens, vocabulary {manifest['vocab_size']}"
+        sequences = f"sequences of {manifest['seq_len']} tokens, vocabulary {manifest['vocab_size']}"
+        return f"{super().describe_data(manifest)}, {sequences}"
 
     # --------------------------------------------------------------- model
     def build_model(self, model: TextModelConfig, manifest: dict):
@@ -177,8 +181,8 @@ class TextClassificationTask(Task):
 
         return model_lib.build_model(model, manifest["seq_len"], manifest["vocab_size"], manifest["num_classes"])
 
-    def nominal_manifest(self, data: TextDataConfig, num_classes: int = 10) -> dict:
-        return {"seq_len": data.seq_len, "vocab_size": data.vocab_size, "num_classes": num_classes}
+    def nominal_manifest(self, data: TextDataConfig) -> dict:
+        return {"seq_len": data.seq_len, "vocab_size": data.vocab_size, "num_classes": 10}
 
     def width_fix(self, model: TextModelConfig, quantum: int) -> str:
         def up(value: int) -> int:
@@ -192,8 +196,7 @@ class TextClassificationTask(Task):
 
         @tf.function(input_signature=[tf.TensorSpec([None, manifest["seq_len"]], tf.int32, name="ids")])
         def serve(ids):
-            probabilities = tf.nn.softmax(tf.cast(model(ids, training=False), tf.float32), axis=-1)
-            return {"probabilities": probabilities, "class": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
+            return self.serve_logits(model(ids, training=False))
 
         return serve
 
@@ -202,7 +205,7 @@ class TextClassificationTask(Task):
 
         name = (manifest.get("tokenizer") or {}).get("file", tokenizer.MODEL_FILE)
         with tf.io.gfile.GFile(_join(data_dir, name), "rb") as handle:
-            return {name: handle.read()}
+            return {**super().export_assets(manifest, data_dir), name: handle.read()}
 
     def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
         import tensorflow as tf
@@ -239,6 +242,23 @@ class TextClassificationTask(Task):
     def doctor_rules(self) -> list:
         return doctor_rules.rules()
 
+    def testing(self) -> Testing:
+        # 32 tokens, a small vocabulary, one block; AdamW at a rate that learns within a test run.
+        return Testing(
+            overrides=(
+                "data.seq_len=32",
+                "data.vocab_size=300",
+                "model.width=32",
+                "model.depth=1",
+                "model.heads=2",
+                "model.mlp_width=64",
+                "train.base_learning_rate=0.02",
+            ),
+            rejected=4,
+            mismatch="data.seq_len=48",
+            predict_inputs=_two_texts,
+        )
+
 
 def _read_jsonl(relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
     """One example per line; `source` is `file.jsonl:LINE` (1-based). Blank lines are skipped."""
@@ -272,6 +292,12 @@ def _read_jsonl(relative: str, data: bytes) -> Iterator[RawExample | RawRejectio
             yield RawRejection(source, "missing_field", "empty `label`")
             continue
         yield RawExample(source, record["label"], record["text"])
+
+
+def _two_texts(raw: Path, scratch: Path) -> list[str]:
+    path = scratch / "texts.txt"
+    path.write_text("The striker scored twice in the final minutes.\nBake the bread for forty minutes.\n")
+    return [str(path)]
 
 
 def _check_data(data: TextDataConfig) -> None:

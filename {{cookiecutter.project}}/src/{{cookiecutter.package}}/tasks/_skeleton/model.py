@@ -1,0 +1,34 @@
+"""The model of __task__: a small multilayer perceptron on standardised features (the toy part:
+replace `build_model` with your network).
+
+The rest of the project needs a Keras model that takes what `parse_batch` returns as features and
+returns float32 outputs of the shape `loss` expects. TPU notes: Dense layers run on the MXU, which
+multiplies 128x128 tiles, so widths that are multiples of 128 avoid padding (configs/tpu.yaml).
+Under mixed_bfloat16 the layers compute in bfloat16 with float32 variables; the output layer here
+computes in float32 for a stable loss.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...keras import keras
+
+layers = keras.layers
+
+
+def build_model(hidden: list[int], manifest: dict) -> keras.Model:
+    """features [batch, num_features] float32 -> prediction [batch, 1] float32. Standardises each
+    feature and the target with the train split's statistics (from the manifest), so the raw
+    numbers are what the model is served."""
+    stats = manifest["statistics"]
+    mean, std = np.array(stats["feature_mean"]), np.array(stats["feature_std"])
+    features = keras.Input(shape=(manifest["num_features"],), dtype="float32", name="features")
+    x = layers.Rescaling((1.0 / std).tolist(), offset=(-mean / std).tolist(), name="standardise")(features)
+    for index, width in enumerate(hidden):
+        x = layers.Dense(width, activation="relu", name=f"hidden{index}")(x)
+    standardised = layers.Dense(1, dtype="float32", name="output")(x)
+    prediction = layers.Rescaling(stats["target_std"], offset=stats["target_mean"], dtype="float32", name="target")(
+        standardised
+    )
+    return keras.Model(features, prediction, name="__task__")

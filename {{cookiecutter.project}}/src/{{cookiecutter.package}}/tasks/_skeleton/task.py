@@ -1,0 +1,295 @@
+"""__task__: numeric features in CSV files -> a multilayer perceptron -> one number per row.
+
+The toy parts to replace are marked TOY: the raw format (CSV rows), the model (model.py), the
+objective (mean squared error) and the sample data. Everything the core calls is here, in the
+order the data flows; README.md beside this file is the checklist.
+
+    raw input       RAW/*.csv: a header row, numeric feature columns and a `target` column
+    preprocessing   read_raw (rows, rejections) -> fit (train-split statistics) -> encode
+    input           parse_batch: features float32 [batch, num_features], targets float32 [batch, 1]
+    model           model.py
+    objective       loss, metrics, headline_metric, higher_is_better
+    serving         features -> {"prediction"}; predict reads CSV rows like the raw input
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ... import config as config_lib
+from ...errors import UserError
+from ...task import Listing, RawExample, RawRejection, Rejected, Task, Testing, files_under
+
+TARGET_COLUMN = "target"
+STATISTICS_FILE = "statistics.json"
+
+
+@dataclass
+class DataConfig(config_lib.DataConfig):
+    """The `data:` keys: the shared ones (dir, raw, eval_fraction, shuffle_buffer) plus this task's."""
+
+    num_features: int = 8
+    """Numeric feature columns each CSV row holds besides `target`; rows with another count are
+    rejected, and training refuses shards written with another count."""
+    statistics_sample: int = 10000
+    """At most this many train rows give the mean and spread that standardise features and target."""
+
+    def problem(self) -> str | None:
+        if self.num_features < 1:
+            return f"data.num_features must be at least 1, got {self.num_features}"
+        if self.statistics_sample < 2:
+            return f"data.statistics_sample must be at least 2, got {self.statistics_sample}"
+        return None
+
+
+@dataclass
+class ModelConfig:
+    """The `model:` keys."""
+
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Widths of the hidden Dense layers; multiples of 128 on a TPU (configs/tpu.yaml)."""
+
+    def problem(self) -> str | None:
+        if not self.hidden or min(self.hidden) < 1:
+            return f"model.hidden must be a non-empty list of positive integers, got {self.hidden}"
+        return None
+
+
+class NewTask(Task):
+    name = "__task__"
+    data_config = DataConfig
+    model_config = ModelConfig
+    raw_format = "RAW/*.csv with a header row: numeric feature columns and a `target` column"
+    reject_reasons = {
+        "bad_row": "a CSV row whose number of cells differs from its header's",
+        "not_a_number": "a cell that is not a finite number",
+        "no_target": "a CSV file whose header has no `target` column",
+    }
+    needs_fit = True  # the standardisation statistics come from the train split
+    # TOY objective: the mean squared error is both the loss and the headline (lower is better).
+    headline_metric = "loss"
+    higher_is_better = False
+
+    # --------------------------------------------------------------- preprocessing (Beam)
+    def list_raw(self, input_root: str) -> Listing:
+        units, ignored = [], 0
+        for relative in files_under(input_root):
+            if relative.lower().endswith(".csv") and "/" not in relative:
+                units.append(relative)
+            else:
+                ignored += 1
+        if not units:
+            raise UserError(
+                f"no CSV files found in {input_root}: expected {input_root}/*.csv; run `make data` "
+                "for the sample set or point RAW at a folder of CSV files"
+            )
+        return Listing(sorted(units), ignored)
+
+    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig", errors="replace"))))
+        if not rows or TARGET_COLUMN not in rows[0]:
+            yield RawRejection(relative, "no_target", f"header {rows[0] if rows else []} has no `{TARGET_COLUMN}`")
+            return
+        header = rows[0]
+        target_at = header.index(TARGET_COLUMN)
+        for number, row in enumerate(rows[1:], 2):
+            source = f"{relative}:{number}"
+            if not row:
+                continue
+            if len(row) != len(header):
+                yield RawRejection(source, "bad_row", f"{len(row)} cells, the header has {len(header)}")
+                continue
+            try:
+                values = [float(cell) for cell in row]
+            except ValueError:
+                yield RawRejection(source, "not_a_number", f"{row!r}")
+                continue
+            if not all(math.isfinite(value) for value in values):
+                yield RawRejection(source, "not_a_number", f"{row!r}")
+                continue
+            features = [value for index, value in enumerate(values) if index != target_at]
+            yield RawExample(source, values[target_at], {"features": features, "target": values[target_at]})
+
+    def fit(self, train_payloads: Sequence[Any], data: DataConfig, workdir: str) -> dict[str, bytes]:
+        rows = [payload for payload in train_payloads if len(payload["features"]) == data.num_features]
+        if len(rows) < 2:
+            raise UserError(
+                f"fewer than 2 train rows with {data.num_features} features; check RAW and data.num_features"
+            )
+        features = np.array([row["features"] for row in rows])
+        targets = np.array([row["target"] for row in rows])
+        statistics = {
+            "feature_mean": features.mean(axis=0).tolist(),
+            "feature_std": np.maximum(features.std(axis=0), 1e-6).tolist(),
+            "target_mean": float(targets.mean()),
+            "target_std": float(max(targets.std(), 1e-6)),
+            "rows": len(rows),
+        }
+        return {STATISTICS_FILE: json.dumps(statistics, indent=2).encode()}
+
+    def fit_sample_size(self, data: DataConfig) -> int:
+        return data.statistics_sample
+
+    def encode(self, example: RawExample, categories, data: DataConfig, artifacts) -> tuple[bytes, dict]:
+        import tensorflow as tf
+
+        features = example.payload["features"]
+        if len(features) != data.num_features:
+            raise Rejected("bad_row", f"{len(features)} features, data.num_features is {data.num_features}")
+        proto = tf.train.Example(
+            features=tf.train.Features(
+                feature={
+                    "features": tf.train.Feature(float_list=tf.train.FloatList(value=features)),
+                    "target": tf.train.Feature(float_list=tf.train.FloatList(value=[example.target])),
+                }
+            )
+        )
+        return proto.SerializeToString(), {}
+
+    def feature_spec(self, data: DataConfig) -> dict:
+        return {"version": 1, "features": ["float32", data.num_features], "target": ["float32", 1]}
+
+    def manifest_fields(self, data: DataConfig, artifacts, stats, categories) -> dict:
+        return {"num_features": data.num_features, "statistics": json.loads(artifacts[STATISTICS_FILE])}
+
+    def bytes_per_example(self, data: DataConfig) -> int:
+        return data.num_features * 4 + 48
+
+    # --------------------------------------------------------------- input (tf.data)
+    def check_manifest(self, manifest: dict, data: DataConfig, data_dir: str) -> None:
+        if manifest.get("num_features") != data.num_features:
+            raise UserError(
+                f"data.num_features={data.num_features} but the shards in {data_dir} hold "
+                f"{manifest.get('num_features')} features; set data.num_features={manifest.get('num_features')} "
+                "or re-run `make preprocess`"
+            )
+
+    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+        import tensorflow as tf
+
+        parsed = tf.io.parse_example(
+            serialized,
+            {
+                "features": tf.io.FixedLenFeature([manifest["num_features"]], tf.float32),
+                "target": tf.io.FixedLenFeature([1], tf.float32),
+            },
+        )
+        return parsed["features"], parsed["target"]
+
+    def padding_record(self, manifest: dict) -> bytes:
+        payload = {"features": [0.0] * manifest["num_features"], "target": 0.0}
+        example = RawExample("padding", 0.0, payload)
+        return self.encode(example, [], self.data_config(num_features=manifest["num_features"]), {})[0]
+
+    def synthetic_batch(self, batch_size: int, manifest: dict):
+        import tensorflow as tf
+
+        return tf.random.normal([batch_size, manifest["num_features"]]), tf.random.normal([batch_size, 1])
+
+    def describe_data(self, manifest: dict) -> str:
+        return f"{manifest['num_features']} numeric features, one numeric target"
+
+    # --------------------------------------------------------------- model
+    def build_model(self, model: ModelConfig, manifest: dict):
+        from .model import build_model  # imports TensorFlow: not needed to read a config
+
+        return build_model(model.hidden, manifest)
+
+    def output_layers(self, model) -> list[str]:
+        # The 1-unit head and the parameter-free rescaling after it: their width is the target's.
+        return ["output", "target"]
+
+    # --------------------------------------------------------------- objective (TOY)
+    def loss(self):
+        from ...keras import keras
+
+        return keras.losses.MeanSquaredError()
+
+    def metrics(self) -> list:
+        return []
+
+    # --------------------------------------------------------------- serving
+    def serving_signature(self, model, manifest: dict):
+        import tensorflow as tf
+
+        spec = tf.TensorSpec([None, manifest["num_features"]], tf.float32, name="features")
+
+        @tf.function(input_signature=[spec])
+        def serve(features):
+            return {"prediction": tf.cast(model(features, training=False), tf.float32)[:, 0]}
+
+        return serve
+
+    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict):
+        import tensorflow as tf
+
+        names, rows = [], []
+        for path in inputs:
+            if not tf.io.gfile.exists(path):
+                raise UserError(f"INPUT {path} does not exist; pass CSV files with the raw data's columns")
+            with tf.io.gfile.GFile(path, "rb") as handle:
+                content = handle.read()
+            if TARGET_COLUMN.encode() not in content.split(b"\n", 1)[0]:  # predict needs no target: add one
+                lines = content.decode("utf-8-sig").splitlines()
+                content = "\n".join([f"{lines[0]},{TARGET_COLUMN}", *(f"{line},0" for line in lines[1:])]).encode()
+            for item in self.read_raw(posixpath.basename(path), content):
+                if isinstance(item, RawRejection) or len(item.payload["features"]) != manifest["num_features"]:
+                    raise UserError(f"INPUT {path}: {getattr(item, 'detail', 'a row with another number of features')}")
+                names.append(item.source)
+                rows.append(item.payload["features"])
+        if not rows:
+            raise UserError(f"INPUT {', '.join(inputs)} holds no rows; write a header and one row per example")
+        return names, np.array(rows, np.float32)
+
+    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
+        return [{"prediction": float(value)} for value in outputs["prediction"]]
+
+    # --------------------------------------------------------------- the rest
+    def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
+        """TOY: rows of 8 features whose target is a noisy smooth function of them, and 2 broken rows."""
+        rng = np.random.default_rng(seed)
+        rows = 400 if small else 3000
+        features = rng.normal(size=(rows, 8))
+        weights = np.linspace(-2.0, 2.0, 8)
+        target = features @ weights + 1.5 * np.sin(2 * features[:, 0]) * features[:, 1] + rng.normal(0, 0.3, rows) + 10
+        output.mkdir(parents=True, exist_ok=True)
+        header = ",".join([*(f"x{index}" for index in range(8)), TARGET_COLUMN])
+        lines = [header, *(",".join(f"{value:.5f}" for value in (*row, y)) for row, y in zip(features, target))]
+        lines.insert(5, "1,2,3")  # too few cells
+        lines.insert(9, ",".join(["oops"] * 9))  # not numbers
+        (output / "rows.csv").write_text("\n".join(lines) + "\n")
+        return f"wrote {rows} rows of 8 features + target to {output}/rows.csv, and 2 broken rows (to show rejection)"
+
+    def nominal_manifest(self, data: DataConfig) -> dict:
+        n = data.num_features
+        statistics = {"feature_mean": [0.0] * n, "feature_std": [1.0] * n, "target_mean": 0.0, "target_std": 1.0}
+        return {"num_features": n, "statistics": statistics}
+
+    def testing(self) -> Testing:
+        return Testing(
+            overrides=("model.hidden=[32,32]", "train.base_learning_rate=0.05"),
+            rejected=2,
+            mismatch="data.num_features=3",
+            predict_inputs=_clean_rows,
+        )
+
+
+def _clean_rows(raw: Path, scratch: Path) -> list[str]:
+    """A CSV of the sample's first valid rows, without the target: what a user would predict for."""
+    lines = (raw / "rows.csv").read_text().splitlines()
+    rows = [line for line in lines[1:] if len(line.split(",")) == 9 and "oops" not in line][:5]
+    path = scratch / "predict.csv"
+    path.write_text("\n".join([lines[0].rsplit(",", 1)[0], *(row.rsplit(",", 1)[0] for row in rows)]) + "\n")
+    return [str(path)]
+
+
+TASK = NewTask()

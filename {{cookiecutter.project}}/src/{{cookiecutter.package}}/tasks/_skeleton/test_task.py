@@ -1,0 +1,41 @@
+"""__task__'s own tests (the contract every task meets is tested in tests/test_contract.py, for
+this task too). Replace these with tests of your raw format, model and objective."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from {{ cookiecutter.package }}.task import RawExample, RawRejection
+from {{ cookiecutter.package }}.tasks.__task__ import TASK
+from {{ cookiecutter.package }}.tasks.__task__.task import DataConfig
+
+
+def test_csv_rows_become_examples_and_broken_rows_are_rejected():
+    data = b"a,b,target\n1,2,3\n1,2\nx,2,3\n4,5,inf\n\n6,7,8\n"
+    items = list(TASK.read_raw("rows.csv", data))
+    examples = [item for item in items if isinstance(item, RawExample)]
+    rejected = [(item.source, item.reason) for item in items if isinstance(item, RawRejection)]
+    assert [(e.source, e.payload["features"], e.target) for e in examples] == [
+        ("rows.csv:2", [1.0, 2.0], 3.0),
+        ("rows.csv:7", [6.0, 7.0], 8.0),
+    ]
+    assert rejected == [("rows.csv:3", "bad_row"), ("rows.csv:4", "not_a_number"), ("rows.csv:5", "not_a_number")]
+    assert [item.reason for item in TASK.read_raw("x.csv", b"a,b\n1,2\n")] == ["no_target"]
+
+
+def test_standardisation_statistics_come_from_the_train_rows():
+    rows = [{"features": [float(i), 2.0 * i], "target": 10.0 + i} for i in range(5)]
+    statistics = json.loads(TASK.fit(rows, DataConfig(num_features=2), "unused")["statistics.json"])
+    np.testing.assert_allclose(statistics["feature_mean"], [2.0, 4.0])
+    np.testing.assert_allclose(statistics["feature_std"], [np.std(range(5)), 2 * np.std(range(5))])
+    assert statistics["target_mean"] == pytest.approx(12.0) and statistics["rows"] == 5
+
+
+def test_predict_reads_rows_without_a_target(tmp_path):
+    path = tmp_path / "predict.csv"
+    path.write_text("a,b\n1,2\n3,4\n")
+    names, batch = TASK.predict_inputs([str(path)], str(tmp_path), {"num_features": 2})
+    assert names == ["predict.csv:2", "predict.csv:3"] and batch.tolist() == [[1.0, 2.0], [3.0, 4.0]]

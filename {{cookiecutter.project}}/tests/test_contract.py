@@ -1,0 +1,143 @@
+"""The task contract (task.py), checked for every task of this project on its own small sample with
+its own test settings (`Task.testing`): what the shared core relies on, whatever the task learns.
+
+A task added with `make new-task` is picked up here with nothing to register.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import tensorflow as tf
+
+from conftest import config_file, finished_run_of, selected, task_sample, task_config
+from {{ cookiecutter.package }} import config, input_pipeline, predict, tasks, train
+from {{ cookiecutter.package }}.errors import UserError
+from {{ cookiecutter.package }}.task import RawExample
+
+TASKS = tasks.available()
+
+
+@pytest.fixture(params=TASKS)
+def task_name(request):
+    """Each test runs once per task, with that task selected (and the project's own one after)."""
+    with selected(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def sample(task_name, tmp_path_factory):
+    return task_sample(task_name, tmp_path_factory)
+
+
+@pytest.fixture
+def contract_run(task_name, tmp_path_factory):
+    return finished_run_of(task_name, tmp_path_factory)
+
+
+def better(task, value: float, than: float) -> bool:
+    return value > than if task.higher_is_better else value < than
+
+
+def test_each_shipped_config_names_its_task(task_name):
+    for which in ("local", "tpu", "pod"):
+        loaded = config.load(str(config_file(task_name, which)))
+        assert loaded.task == task_name and tasks.current().name == task_name
+        assert config.dump(loaded).startswith(f"task: {task_name}\n")
+
+
+def test_parsed_batches_have_static_shapes_and_encoding_is_deterministic(task_name, sample, tmp_path):
+    task = tasks.current()
+    raw, data = sample
+    manifest = input_pipeline.read_manifest(str(data))
+    files, counts = input_pipeline.split_files(str(data), manifest, "train")
+    features, targets = input_pipeline.make_dataset(files, counts, manifest, 8, training=True).element_spec
+    for spec in tf.nest.flatten((features, targets)):  # what the TPU compiles for: one static shape
+        assert spec.shape.is_fully_defined() and spec.shape[0] == 8
+    # encode -> parse: the first readable raw examples, encoded twice, parse to the same tensors, of the
+    # shapes the shards give, and the evaluation padding record parses to those shapes too.
+    data_config = task_config(task_name, data, tmp_path).data
+    listing = task.list_raw(str(raw))
+    root = listing.root or str(raw)
+    examples = []
+    for unit in listing.units:
+        with open(unit if unit.startswith("/") else f"{root}/{unit}", "rb") as handle:
+            examples += [item for item in task.read_raw(unit, handle.read()) if isinstance(item, RawExample)]
+        if len(examples) >= 4:
+            break
+    categories = manifest.get("label_names", []) if task.categorical_targets else []
+    artifacts = {name: (data / name).read_bytes() for name in manifest["artifacts"]}
+    records = [task.encode(example, categories, data_config, artifacts)[0] for example in examples[:4]]
+    assert records == [task.encode(example, categories, data_config, artifacts)[0] for example in examples[:4]]
+    parsed = task.parse_batch(tf.constant([*records, task.padding_record(manifest)]), manifest)
+    expected = [spec.shape[1:] for spec in tf.nest.flatten((features, targets))]
+    assert [tensor.shape[1:] for tensor in tf.nest.flatten(parsed)] == expected
+    assert all(tensor.shape[0] == len(records) + 1 for tensor in tf.nest.flatten(parsed))
+
+
+def test_broken_inputs_are_rejected_and_listed(task_name, sample):
+    task = tasks.current()
+    _, data = sample
+    manifest = json.loads((data / "manifest.json").read_text())
+    rejected = [json.loads(line) for line in (data / "rejected.jsonl").read_text().splitlines()]
+    assert manifest["rejected"]["count"] == len(rejected) == task.testing().rejected
+    assert all(entry["reason"] in task.reject_reasons and entry["source"] for entry in rejected)
+
+
+def test_a_config_the_shards_do_not_fit_is_one_line(task_name, sample, tmp_path):
+    _, data = sample
+    cfg = task_config(task_name, data, tmp_path, tasks.current().testing().mismatch)
+    with pytest.raises(UserError) as raised:
+        input_pipeline.read_manifest(str(data), cfg.data)
+    assert "\n" not in str(raised.value) and str(data) in str(raised.value)
+
+
+def test_training_moves_the_headline_metric_the_right_way(contract_run):
+    task = tasks.current()
+    cfg, output, metrics, initial = contract_run
+    headline = task.headline_metric
+    assert better(task, metrics[headline], than=initial[headline]), (initial, metrics)
+    written = json.loads((output / "metrics.json").read_text())
+    assert written["global_step"] == 48 and written[headline] == pytest.approx(metrics[headline])
+    # The best periodic evaluation, by the task's direction, from the history as written.
+    steps = {entry["step"]: entry[headline] for entry in written["history"]}
+    assert sorted(steps) == [16, 32, 48]
+    best_value = max(steps.values()) if task.higher_is_better else min(steps.values())
+    assert written[f"best_{headline}"] == best_value and steps[written["best_step"]] == best_value
+    assert (output / "checkpoints" / "best" / f"ckpt-{written['best_step']}.index").exists()
+
+
+def test_evaluation_counts_every_eval_example_once(contract_run):
+    _, output, metrics, _ = contract_run
+    manifest = json.loads((output / "export" / "assets.extra" / "manifest.json").read_text())
+    assert metrics["eval_examples"] == manifest["splits"]["eval"]["num_examples"]
+
+
+def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys):
+    task = tasks.current()
+    cfg, output, metrics, _ = contract_run
+    again = train.train(config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto"]))
+    printed = capsys.readouterr().out
+    assert "resumed from step 48" in printed and "calibrating" not in printed
+    assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
+    assert again["global_step"] == 48
+    assert again[task.headline_metric] == pytest.approx(metrics[task.headline_metric], rel=1e-5)
+    # metrics.json stays strict JSON with the history as trained (the last evaluation not repeated).
+    written = json.loads((output / "metrics.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+    assert [entry["step"] for entry in written["history"]] == [16, 32, 48]
+    assert written["examples_per_second"] == pytest.approx(metrics["examples_per_second"])
+
+
+def test_the_export_alone_predicts(contract_run, sample, tmp_path):
+    task = tasks.current()
+    _, output, _, _ = contract_run
+    raw, _ = sample
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(output / "export", moved / "export")  # no data folder, no checkpoints
+    inputs = task.testing().predict_inputs(raw, tmp_path)
+    rows = predict.predict(str(moved), inputs)
+    assert rows and all(fields for _, fields in rows)
+    lines = [predict.line(name, fields) for name, fields in rows]
+    assert all(line.endswith(name) and line.count("\t") == len(fields) for line, (name, fields) in zip(lines, rows))
