@@ -413,9 +413,12 @@ def train(cfg: config_lib.Config) -> dict:
 
     clock.start("evaluation")
     metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
+    # Written over what an earlier start wrote: a rerun of a finished run renews the evaluation, keeps
+    # the rest, and keeps the run's throughput (no step trained in this start).
+    previous = read_metrics(output_dir)
     throughput = monitor.examples_per_second()
-    if not math.isfinite(throughput):  # no step trained in this start (a rerun): keep the run's figure
-        throughput = read_metrics(output_dir).get("examples_per_second") or 0.0
+    if not math.isfinite(throughput):
+        throughput = previous.get("examples_per_second") or 0.0
     metrics.update(global_step=step, examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
     if monitor.save_seconds:
         metrics["checkpoint_save_seconds"] = round(max(monitor.save_seconds), 3)
@@ -428,8 +431,7 @@ def train(cfg: config_lib.Config) -> dict:
     export_dir = export(model, output_dir, manifest, cfg.data.dir)
     timings = clock.report()
     metrics["phase_seconds"] = {name: round(seconds, 2) for name, seconds in clock.seconds.items() if name != "done"}
-    # Over what an earlier start wrote: a rerun of a finished run renews the evaluation and keeps the rest.
-    write_metrics(output_dir, {**read_metrics(output_dir), **metrics})
+    write_metrics(output_dir, {**previous, **metrics})
     headline = tasks.current().headline_metric
     best = f" (best {metrics[f'best_{headline}']:.4f} at step {metrics['best_step']})" if "best_step" in metrics else ""
     print(

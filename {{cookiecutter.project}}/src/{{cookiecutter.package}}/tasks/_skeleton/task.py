@@ -238,8 +238,8 @@ class NewTask(Task):
                 raise UserError(f"INPUT {path} does not exist; pass CSV files with the raw data's columns")
             with tf.io.gfile.GFile(path, "rb") as handle:
                 content = handle.read()
-            if TARGET_COLUMN.encode() not in content.split(b"\n", 1)[0]:  # predict needs no target: add one
-                lines = content.decode("utf-8-sig").splitlines()
+            lines = content.decode("utf-8-sig", errors="replace").splitlines()
+            if lines and TARGET_COLUMN not in next(csv.reader(lines[:1])):  # predict needs no target: add one
                 content = "\n".join([f"{lines[0]},{TARGET_COLUMN}", *(f"{line},0" for line in lines[1:])]).encode()
             for item in self.read_raw(posixpath.basename(path), content):
                 if isinstance(item, RawRejection) or len(item.payload["features"]) != manifest["num_features"]:
