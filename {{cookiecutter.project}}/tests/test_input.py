@@ -4,11 +4,12 @@ evaluation pass that counts each example once while keeping every batch the same
 import collections
 import hashlib
 import json
+import re
 
 import pytest
 import tensorflow as tf
 
-from {{ cookiecutter.package }} import config, distribute, input_pipeline
+from {{ cookiecutter.package }} import config, distribute, input_pipeline, tasks
 from {{ cookiecutter.package }}.errors import UserError
 
 
@@ -93,13 +94,9 @@ def test_batch_that_does_not_divide_is_refused():
 def test_manifest_problems_are_one_clear_error(data_dir, tmp_path):
     with pytest.raises(UserError, match="no manifest.json in .*run `make preprocess`"):
         input_pipeline.read_manifest(str(tmp_path))
-{%- if cookiecutter.task == "image_classification" %}
-    with pytest.raises(UserError, match="data.image_size=32 but the shards .* hold 16x16 images"):
-        input_pipeline.read_manifest(str(data_dir), config.load(None, ["data.image_size=32"]).data)
-{%- else %}
-    with pytest.raises(UserError, match="data.seq_len=64"):
-        input_pipeline.read_manifest(str(data_dir), config.load(None, ["data.seq_len=64"]).data)
-{%- endif %}
+    mismatch = tasks.current().testing().mismatch
+    with pytest.raises(UserError, match=re.escape(mismatch)):
+        input_pipeline.read_manifest(str(data_dir), config.load(None, [mismatch]).data)
     manifest = load_manifest(data_dir)
     for index, (change, message) in enumerate(
         [

@@ -159,6 +159,8 @@ def test_shards_are_not_runs_of_one_label(reference):
     1/num_classes, as in a shuffled list."""
     import tensorflow as tf
 
+    if not tasks.current().categorical_targets:
+        pytest.skip("the task's targets are not categories: there are no runs of one label to avoid")
     output, manifest = reference
     files, _ = input_pipeline.split_files(str(output), manifest, "train")
     for path in files:

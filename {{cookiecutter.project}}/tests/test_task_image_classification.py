@@ -10,8 +10,10 @@ import pytest
 from PIL import Image
 
 from conftest import run_preprocess
+from test_doctor import check
 from test_preprocess import assert_exact
 from {{ cookiecutter.package }} import config, input_pipeline, preprocess
+from {{ cookiecutter.package }}.doctor import engine
 from {{ cookiecutter.package }}.errors import UserError
 from {{ cookiecutter.package }}.tasks.image_classification import features
 from {{ cookiecutter.package }}.tasks.image_classification.task import TASK
@@ -372,3 +374,74 @@ def test_csv_index_on_gcs(gcs_bucket, tmp_path):
     [rejected] = map(json.loads, (output / "rejected.jsonl").read_text().splitlines())
     assert (rejected["source"], rejected["reason"]) == (gcs_bucket.path("csv", "images", "gone.png"), "missing")
     assert gcs_bucket.blocked_requests() == []
+
+
+# ----------------------------------------------------------------------------- the image model's doctor rules
+
+
+def test_mxu_rules_skip_cpu_targets(data_dir, tmp_path):
+    results = check(data_dir, "model.widths=[100,128]", tmp_path=tmp_path)
+    assert results["model.feature_dims"].status == engine.SKIP
+    assert "configs/tpu.yaml" in results["model.feature_dims"].message
+
+
+def test_feature_dims_name_the_padded_layers_but_not_the_logits(data_dir, tmp_path):
+    results = check(data_dir, "model.widths=[100,128]", tmp_path=tmp_path, target="tpu")
+    rule = results["model.feature_dims"]
+    assert rule.status == engine.WARN
+    assert "100: stem_conv" in rule.message and "logits" not in rule.message
+    assert rule.fix == "model.widths=[128,128]"
+    assert "stem_conv (100)" in results["model.narrow_layers"].message
+
+
+def test_mxu_widths_pass_and_8_suffices_at_a_batch_of_1024(data_dir, tmp_path):
+    results = check(data_dir, "model.widths=[128,256]", tmp_path=tmp_path, target="tpu")
+    assert results["model.feature_dims"].status == engine.PASS
+    assert results["model.narrow_layers"].status == engine.PASS
+    results = check(data_dir, "model.widths=[64,136]", "train.global_batch_size=1024", tmp_path=tmp_path, target="tpu")
+    assert results["model.feature_dims"].status == engine.PASS
+    narrow = results["model.narrow_layers"]
+    assert narrow.status == engine.WARN and "stem_conv (64)" in narrow.message and "(136)" not in narrow.message
+
+
+def test_hidden_dense_layers_under_512_are_flagged(data_dir, tmp_path, monkeypatch):
+    from {{ cookiecutter.package }} import model
+    from {{ cookiecutter.package }}.keras import keras
+
+    def mlp(cfg, manifest):
+        size, num_classes = manifest["image_size"], manifest["num_classes"]
+        images = keras.Input(shape=(size, size, 3), name="image")
+        x = keras.layers.Flatten()(images)
+        x = keras.layers.Dense(200, name="hidden")(x)
+        return keras.Model(images, keras.layers.Dense(num_classes, name="logits")(x))
+
+    monkeypatch.setattr(model, "build_model", mlp)
+    results = check(data_dir, tmp_path=tmp_path, target="tpu")
+    assert results["model.hidden_dense"].status == engine.WARN
+    assert "hidden (200)" in results["model.hidden_dense"].message
+    assert "200: hidden" in results["model.feature_dims"].message
+    assert results["model.batch_norm"].status == engine.SKIP
+
+
+def test_the_local_defaults_have_no_hidden_dense_layer(data_dir, tmp_path):
+    assert check(data_dir, tmp_path=tmp_path)["model.hidden_dense"].status == engine.SKIP
+
+
+def test_a_model_that_does_not_build_fails(data_dir, tmp_path, monkeypatch):
+    from {{ cookiecutter.package }} import model
+
+    def broken(*args):
+        raise ValueError("no such layer")
+
+    monkeypatch.setattr(model, "build_model", broken)
+    results = check(data_dir, tmp_path=tmp_path)
+    assert results["model.build"].status == engine.FAIL and "no such layer" in results["model.build"].message
+    assert results["model.feature_dims"].status == engine.SKIP
+
+
+def test_small_per_replica_batch_with_batch_norm_warns(data_dir, tmp_path):
+    rule = check(data_dir, tmp_path=tmp_path)["model.batch_norm"]  # 128 / 8 = 16 per replica
+    assert rule.status == engine.WARN and "16 examples per replica" in rule.message
+    assert "model.sync_batch_norm=true" in rule.fix and "train.global_batch_size=256" in rule.fix
+    assert check(data_dir, "model.sync_batch_norm=true", tmp_path=tmp_path)["model.batch_norm"].status == engine.PASS
+    assert check(data_dir, "train.global_batch_size=256", tmp_path=tmp_path)["model.batch_norm"].status == engine.PASS

@@ -106,7 +106,8 @@ class Testing:
     rejected: int = 0
     """How many inputs of the small sample (`write_sample_data(small=True)`) preprocessing rejects."""
     mismatch: str = ""
-    """An override that the small sample's shards do not fit: `check_manifest` must refuse it."""
+    """An override (`data.<key>=<value>`) that the small sample's shards do not fit: `check_manifest`
+    must refuse it with a message that repeats it, and doctor's data.manifest rule must fail on it."""
     predict_inputs: Callable[[Path, Path], list[str]] | None = None
     """(the small sample's folder, a scratch folder) -> the INPUT paths of a `make predict`."""
 
