@@ -14,13 +14,15 @@ RUN = bash scripts/run.sh
 
 # ---- The machine this runs on ---------------------------------------------------------------
 # ON_TPU_VM is 1 on a Cloud TPU VM: TPU device files exist (/dev/accel* on v2-v4, /dev/vfio/<n> on
-# v5e, v5p and v6e). TPU_VM=1 or TPU_VM=0 overrides the detection (scripts/setup.sh reads it too).
+# v5e, v5p and v6e: topology.TPU_DEVICE_GLOBS has the same patterns). TPU_VM=1 or TPU_VM=0 overrides
+# the detection (scripts/setup.sh reads it too); TPU_DEVICE_ROOT is where the device files are looked for.
+TPU_DEVICE_ROOT ?= /dev
 ifneq ($(filter 1 true yes,$(TPU_VM)),)
 ON_TPU_VM := 1
 else ifneq ($(filter 0 false no,$(TPU_VM)),)
 ON_TPU_VM := 0
 else
-ON_TPU_VM := $(if $(wildcard /dev/accel[0-9]* /dev/vfio/[0-9]*),1,0)
+ON_TPU_VM := $(if $(wildcard $(TPU_DEVICE_ROOT)/accel[0-9]* $(TPU_DEVICE_ROOT)/vfio/[0-9]*),1,0)
 endif
 export TPU_VM := $(ON_TPU_VM)
 

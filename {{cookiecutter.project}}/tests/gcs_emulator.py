@@ -32,11 +32,15 @@ Nothing looks for real Google credentials:
 * ``NO_GCE_CHECK=true`` tells both TF and google-auth not to probe for a GCE
   metadata server (169.254.169.254), should they get that far.
 
-The variables go into ``os.environ`` for the whole session, so subprocesses inherit
-them (they are also in ``GcsBucket.env``), and are restored at teardown, when the
-child process is stopped.
+The server runs once per session (``gcs_server``); its variables are in ``os.environ``
+only for the test that asks for ``gcs_bucket`` (and for ``GcsBucket.environment()``
+blocks), so subprocesses of that test inherit them (they are also in
+``GcsBucket.env``), and a training run of a later test still finds its metadata
+server at the closed port conftest.py sets. ``blocked_requests()`` counts the requests
+refused since the test (or block) started, so no other test's requests are counted.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import http.client
@@ -99,6 +103,7 @@ class GcsBucket:
     name: str
     env: dict  # the variables set in os.environ; pass them to subprocesses
     log_path: pathlib.Path  # the emulator's and the proxy's log
+    log_offset: int = 0  # where this test's part of the log starts
 
     @property
     def url(self):
@@ -109,9 +114,21 @@ class GcsBucket:
         return "/".join((self.url, *parts))
 
     def blocked_requests(self):
-        """Requests the proxy refused: each one tried to leave the machine."""
-        lines = self.log_path.read_text().splitlines()
+        """Requests the proxy refused since this test started: each one tried to leave the machine."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_offset)
+            lines = log.read().decode("utf-8", "replace").splitlines()
         return [line for line in lines if "BLOCKED" in line]
+
+    @contextlib.contextmanager
+    def environment(self):
+        """The emulator's variables in os.environ for the block (a wider-scoped fixture's upload);
+        yields the bucket with its own log offset."""
+        saved = _set_environ(self.env)
+        try:
+            yield dataclasses.replace(self, log_offset=self.log_path.stat().st_size)
+        finally:
+            _restore_environ(saved)
 
 
 def pytest_configure(config):
@@ -145,9 +162,16 @@ def _restore_environ(saved):
             os.environ[key] = value
 
 
+@pytest.fixture
+def gcs_bucket(gcs_server):
+    """A bucket on the local GCS emulator, reachable from Beam and TensorFlow during this test."""
+    with gcs_server.environment() as bucket:
+        yield bucket
+
+
 @pytest.fixture(scope="session")
-def gcs_bucket(tmp_path_factory):
-    """A bucket on a local GCS emulator, reachable from Beam and TensorFlow."""
+def gcs_server(tmp_path_factory):
+    """The emulator and proxy process, once per session; its variables are not set (see gcs_bucket)."""
     workdir = tmp_path_factory.mktemp("gcs_emulator")
     log_path = workdir / "server.log"
     with open(log_path, "w") as log:
@@ -158,14 +182,10 @@ def gcs_bucket(tmp_path_factory):
             stderr=log,
             text=True,
         )
-    saved = {}
     try:
         ports = _wait_until_ready(server, log_path)
-        env = _client_env(workdir, **ports)
-        saved = _set_environ(env)
-        yield GcsBucket(name=BUCKET_NAME, env=env, log_path=log_path)
+        yield GcsBucket(name=BUCKET_NAME, env=_client_env(workdir, **ports), log_path=log_path)
     finally:
-        _restore_environ(saved)
         server.stdin.close()  # the child exits when its stdin closes
         try:
             server.wait(timeout=10)

@@ -426,11 +426,16 @@ def test_tpu_vm_rules_skip_off_a_tpu_vm_and_run_on_one(data_dir, tmp_path, fake_
     monkeypatch.setattr(tpu_vm, "LOCK_FILE", fake_vm["lock"])
     monkeypatch.setenv("TPU_LOG_DIR", str(tmp_path / "tpu_logs"))
     Path(fake_vm["lock"]).touch()
+    # The packages a TPU VM's `make setup` installs (this machine has the CPU build instead).
+    pinned = tpu_vm._pinned_tensorflow()
+    tpu_packages = {"tensorflow": None, "tensorflow-tpu": pinned, "libtpu": "0.0.14", "libtpu-nightly": None}
+    monkeypatch.setattr(tpu_vm, "installed_versions", lambda: tpu_packages)
     on_vm = check(data_dir, tmp_path=tmp_path, target="tpu", tpu_type="v4-8", on_tpu_vm=True)
     assert on_vm["tpu.devices"].status == engine.PASS and "4 TPU device files" in on_vm["tpu.devices"].message
     assert on_vm["tpu.lock_file"].status == engine.WARN and on_vm["tpu.lock_file"].fix == "make tpu-cleanup"
     assert on_vm["tpu.log_dir"].status == engine.PASS
-    assert on_vm["tpu.software"].status in (engine.PASS, engine.WARN, engine.FAIL)
+    assert on_vm["tpu.software"].status == engine.PASS
+    assert f"tensorflow-tpu {pinned}, libtpu 0.0.14" in on_vm["tpu.software"].message
     off_vm = check(data_dir, tmp_path=tmp_path)
     for rule in ("tpu.devices", "tpu.software", "tpu.lock_file", "tpu.log_dir"):
         assert off_vm[rule].status == engine.SKIP and off_vm[rule].message == engine.NOT_A_TPU_VM

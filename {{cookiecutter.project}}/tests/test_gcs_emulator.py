@@ -139,3 +139,27 @@ def test_subprocesses_need_only_the_fixture_env(gcs_bucket):
     assert tf_run.returncode == 0, tf_run.stderr
     assert sorted(tf_run.stdout.splitlines()) == ["a", "b", "c"]
     assert gcs_bucket.blocked_requests() == []
+
+
+def test_the_emulators_environment_is_only_the_tests_own(gcs_server):
+    """Outside a gs:// test the metadata server is the closed port conftest.py sets (a training run
+    of a later test must not poll the proxy), and each test counts only its own refused requests."""
+    import urllib.error
+    import urllib.request
+
+    def leave_the_machine(bucket):
+        proxy = urllib.request.ProxyHandler({"http": bucket.env["HTTP_PROXY"]})
+        try:
+            urllib.request.build_opener(proxy).open("http://example.com/", timeout=10)
+        except urllib.error.HTTPError as error:
+            assert error.code == 403
+
+    assert os.environ["GCE_METADATA_HOST"] == "127.0.0.1:9" and "HTTPS_PROXY" not in os.environ
+    with gcs_server.environment() as first:
+        assert os.environ["GCE_METADATA_HOST"] == first.env["GCE_METADATA_HOST"] != "127.0.0.1:9"
+        leave_the_machine(first)
+        assert len(first.blocked_requests()) == 1
+    assert os.environ["GCE_METADATA_HOST"] == "127.0.0.1:9" and "HTTPS_PROXY" not in os.environ
+    with gcs_server.environment() as second:
+        assert second.blocked_requests() == []
+    assert len(first.blocked_requests()) == 1

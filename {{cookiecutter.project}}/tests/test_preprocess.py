@@ -58,13 +58,15 @@ def reference(raw_dir, tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def gcs_raw(gcs_bucket, raw_dir) -> str:
+def gcs_raw(gcs_server, raw_dir) -> str:
     """raw_dir copied to gs://test-bucket/raw through Beam's GCS client."""
-    for path in sorted(raw_dir.rglob("*")):
-        if path.is_file():
-            with FileSystems.create(gcs_bucket.path("raw", *path.relative_to(raw_dir).parts)) as handle:
-                handle.write(path.read_bytes())
-    return gcs_bucket.path("raw")
+    with gcs_server.environment() as bucket:
+        for path in sorted(raw_dir.rglob("*")):
+            if path.is_file():
+                with FileSystems.create(bucket.path("raw", *path.relative_to(raw_dir).parts)) as handle:
+                    handle.write(path.read_bytes())
+        assert bucket.blocked_requests() == []
+    return bucket.path("raw")
 
 
 def test_choose_num_shards():

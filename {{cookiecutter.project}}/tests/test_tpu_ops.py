@@ -281,6 +281,30 @@ def test_tpu_vm_detection_can_be_forced():
     assert on_tpu_vm("0") == "0"
 
 
+@pytest.mark.skipif(not (ROOT / "Makefile").exists(), reason="CONFIG is chosen in the project's Makefile")
+@pytest.mark.parametrize(
+    "device_files, tpu_type, expected",
+    [
+        ([], "v4-8", "configs/local.yaml"),  # no TPU here
+        (["accel0", "accel1", "accel2", "accel3"], "v4-8", "configs/tpu.yaml"),  # v4: /dev/accel*
+        (["vfio/0", "vfio/1"], "v5litepod-8", "configs/tpu.yaml"),  # v5e, v5p, v6e: /dev/vfio/<n>
+        (["accel0"], "v4-32", "configs/pod.yaml"),  # a worker of a 4-host slice
+        (["vfio/0"], "v5litepod-16", "configs/pod.yaml"),
+    ],
+)
+def test_the_config_follows_the_device_files_and_the_tpu_type(tmp_path, device_files, tpu_type, expected):
+    """What `make train` would train with, without TPU_VM forcing it: the device files decide
+    between the CPU config and the TPU ones, the TPU type between one host and a Pod slice."""
+    for name in device_files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    (tmp_path / "vfio").mkdir(exist_ok=True)
+    (tmp_path / "vfio" / "vfio").touch()  # the control file every vfio host has: not a device
+    env = {key: value for key, value in _env(TPU_DEVICE_ROOT=str(tmp_path)).items() if key not in ("TPU_VM", "CONFIG")}
+    [line] = [line for line in make("help", f"TPU_TYPE={tpu_type}", env=env) if line.startswith("Variables:")]
+    assert re.search(r"CONFIG=(\S+)", line).group(1) == expected
+
+
 def test_setup_on_a_tpu_vm_installs_tensorflow_tpu(tmp_path):
     version = tf_version()
     lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="1")

@@ -5,6 +5,7 @@ The 8-replica `model.fit` with steps_per_execution > 1 fed by `distribute_datase
 is exactly the setup that fails under Keras 3 on TF 2.20 (see keras.py): these tests catch it.
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -22,12 +23,25 @@ from {{ cookiecutter.package }} import capture_profile, config, distribute, step
 from {{ cookiecutter.package }}.errors import UserError
 
 
+_PORTS = itertools.count()
+
+
 def free_port() -> int:
+    """A port for a server the test starts in another process (the profiler takes a number, not 0).
+    Below the kernel's ephemeral range (32768+ on Linux), so no port-0 socket can take it meanwhile,
+    and a block of its own per pytest-xdist worker, so parallel tests never share one."""
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    for _ in range(100):
+        port = 20000 + 200 * worker + next(_PORTS) % 200
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # something else on the machine holds it: the next one
+                continue
+        return port
+    raise RuntimeError("no free port in this worker's block")
 
 
 def scalar_events(log_dir: Path) -> dict:
@@ -212,9 +226,10 @@ def train_command(data_dir: Path, output_dir: Path, *overrides: str) -> list[str
 @pytest.mark.slow
 def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path):
     """A preempted run (SIGTERM) checkpoints and exits; the same command then finishes the run.
-    While it trains, a profile is captured on demand through its profiler port."""
+    While it trains, a profile is captured on demand through its profiler port. 1000 steps: after
+    the capture, far more than any machine runs before the signal lands."""
     port = free_port()
-    command = train_command(data_dir, tmp_path, "train.total_steps=200", f"runtime.profiler_port={port}")
+    command = train_command(data_dir, tmp_path, "train.total_steps=1000", f"runtime.profiler_port={port}")
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output = []
@@ -233,13 +248,13 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
     text = "".join(output)
     assert "preempted (SIGTERM) at step" in text and "Traceback" not in text
     saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
-    assert 0 < saved < 200
+    assert 0 < saved < 1000
     assert list((tmp_path / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
-    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from step {saved}" in resumed.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 200
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 1000
 
 
 @pytest.mark.slow
@@ -273,6 +288,29 @@ def test_periodic_evaluation_logs_each_step_and_keeps_the_best(finished_run):
     assert tf.train.latest_checkpoint(str(output / "checkpoints" / "best")).endswith(f"ckpt-{best['step']}")
     assert json.loads((output / "metrics.json").read_text())["best_step"] == best["step"]
     assert set(metrics["phase_seconds"]) >= {"start-up", "training", "evaluation", "export"}
+
+
+def test_the_best_evaluation_is_kept_even_when_a_later_one_is_worse(data_dir, tmp_path):
+    """Evaluations whose headline goes good, best, worse (by the task's direction): the kept
+    checkpoint, best_step and best_<metric> are the middle one's, not the latest's."""
+    from {{ cookiecutter.package }}.model import metric_names
+
+    task = tasks.current()
+    cfg = tiny_config(data_dir, tmp_path)
+    values = [0.5, 0.9, 0.7] if task.higher_is_better else [0.7, 0.1, 0.5]
+    variable = tf.Variable(0.0)
+    checkpoint = tf.train.Checkpoint(step=variable)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), max_to_keep=1)
+    best_manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints" / "best"), max_to_keep=1)
+    writer = tf.summary.create_file_writer(str(tmp_path / "logs" / "train"))
+    monitor = train.TrainingMonitor(cfg, manager, writer, 0, best_manager=best_manager)
+    for step, value in zip((10, 20, 30), values):
+        variable.assign(step)  # what the checkpoint of this evaluation holds
+        monitor.record_evaluation(step, {name: value for name in metric_names()})
+    assert monitor.best() == {"step": 20, **{name: values[1] for name in metric_names()}}
+    variable.assign(0)
+    checkpoint.restore(best_manager.latest_checkpoint).assert_consumed()
+    assert best_manager.latest_checkpoint.endswith("ckpt-20") and float(variable.numpy()) == 20.0
 
 
 def copy_with_a_truncated_latest_checkpoint(output: Path, run: Path) -> None:
@@ -385,9 +423,10 @@ def test_metadata_watcher_reads_the_notice_and_switches_off_without_a_server():
 @pytest.mark.slow
 def test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end(data_dir, tmp_path):
     """Cloud TPU's way: the metadata server says instance/preempted=TRUE; training saves and exits
-    with 143 like on SIGTERM, and the same command then finishes exactly at total_steps."""
+    with 143 like on SIGTERM, and the same command then finishes exactly at total_steps. The watcher
+    polls every 0.1 s and 1000 steps remain when the notice is set: the run cannot finish first."""
     server = FakeMetadataServer()
-    command = train_command(data_dir, tmp_path, "train.total_steps=300")
+    command = train_command(data_dir, tmp_path, "train.total_steps=1000", "runtime.metadata_poll_seconds=0.1")
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1", "GCE_METADATA_HOST": server.host}
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -405,13 +444,13 @@ def test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end(data_
     assert "preempted (the metadata server reports instance/preempted=TRUE) at step" in text
     assert "Traceback" not in text and "timings: " in text
     saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
-    assert 0 < saved < 300
+    assert 0 < saved < 1000
 
     env["GCE_METADATA_HOST"] = "127.0.0.1:9"
     resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from step {saved}" in resumed.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 300
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 1000
 
 
 def test_gradient_accumulation_gives_the_update_of_the_whole_batch():

@@ -101,6 +101,9 @@ class RuntimeConfig:
     """Port of the profiler server for on-demand capture (`make profile`), 0 for none."""
     seed: int = 0
     """Global seed for initialisation and shuffling."""
+    metadata_poll_seconds: float = 5.0
+    """How often the GCE metadata server is asked for a preemption or maintenance notice. A notice
+    comes about 30 s before the hard stop, so a few seconds leave time to save."""
 
 
 def _task():
@@ -312,6 +315,8 @@ def validate(config: Config) -> Config:
         raise ConfigError(f"train.base_learning_rate must be positive, got {tr.base_learning_rate}")
     if not 0 <= rt.profiler_port < 65536:
         raise ConfigError(f"runtime.profiler_port must be a port number or 0, got {rt.profiler_port}")
+    if rt.metadata_poll_seconds <= 0:
+        raise ConfigError(f"runtime.metadata_poll_seconds must be positive, got {rt.metadata_poll_seconds}")
     for section in (config.data, config.model):
         problem = section.problem() if hasattr(section, "problem") else None
         if problem:

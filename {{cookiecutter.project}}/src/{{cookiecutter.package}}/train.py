@@ -366,7 +366,7 @@ def train(cfg: config_lib.Config) -> dict:
     # Installed after the strategy: initialising a TPU (libtpu) installs signal handlers of its own,
     # and a handler installed before it would be replaced.
     previous_handler = signal.signal(signal.SIGTERM, monitor.request_stop)
-    watcher = preemption.MetadataWatcher(monitor.notice)
+    watcher = preemption.MetadataWatcher(monitor.notice, interval=cfg.runtime.metadata_poll_seconds)
     watcher.start()
     clock.start("training")
     try:
