@@ -21,12 +21,11 @@ def test_training_batches_have_static_shapes(data_dir):
     manifest = load_manifest(data_dir)
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "train")
     dataset = input_pipeline.make_dataset(files, counts, manifest, 12, training=True)
-    inputs, labels = dataset.element_spec
-    for spec in tf.nest.flatten(inputs):  # what the TPU compiles for: one static shape
+    specs = tf.nest.flatten(dataset.element_spec)  # features and targets
+    for spec in specs:  # what the TPU compiles for: one static shape
         assert spec.shape.is_fully_defined() and spec.shape[0] == 12
-    assert labels.shape == (12,) and labels.dtype == tf.int32
     first = next(iter(dataset))
-    assert [t.shape for t in tf.nest.flatten(first[0])] == [s.shape for s in tf.nest.flatten(inputs)]
+    assert [t.shape for t in tf.nest.flatten(first)] == [s.shape for s in specs]
 
 
 def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per_pipeline=1):
@@ -47,13 +46,13 @@ def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per
             global_batch_size=global_batch,
         )
         batches.append(0)
-        for inputs, labels, weights in dataset:
-            inputs = tf.nest.flatten(inputs)[0]
-            assert inputs.shape[0] == per_replica_batch  # static, also in the padded tail
+        for features, targets, weights in dataset:
+            tensors = [tensor.numpy() for tensor in tf.nest.flatten((features, targets))]
+            assert all(tensor.shape[0] == per_replica_batch for tensor in tensors)  # static, also in the padded tail
             batches[-1] += 1
-            for example, label, weight in zip(inputs.numpy(), labels.numpy(), weights.numpy()):
+            for row, weight in enumerate(weights.numpy()):
                 if weight:
-                    examples.append((hashlib.sha1(example.tobytes()).hexdigest(), int(label)))
+                    examples.append(hashlib.sha1(b"".join(tensor[row].tobytes() for tensor in tensors)).hexdigest())
     return collections.Counter(examples), batches
 
 
@@ -67,6 +66,40 @@ def test_every_record_is_read_exactly_once_across_hosts(data_dir, num_pipelines,
     assert len(set(batches)) == 1  # every host runs the same number of steps
     if num_pipelines > 4:
         assert "every host reads all files" in caplog.text
+
+
+def distributed_eval_examples(strategy, data_dir, manifest) -> collections.Counter:
+    """The real examples of the eval split as training's evaluation reads them (all replicas)."""
+    dataset, _ = input_pipeline.distributed_dataset(strategy, str(data_dir), manifest, "eval", 32, training=False)
+    examples = []
+    for batch in dataset:
+        for features, targets, weights in zip(*(strategy.experimental_local_results(part) for part in batch)):
+            tensors = [tensor.numpy() for tensor in tf.nest.flatten((features, targets))]
+            for row, weight in enumerate(weights.numpy()):
+                if weight:
+                    examples.append(hashlib.sha1(b"".join(tensor[row].tobytes() for tensor in tensors)).hexdigest())
+    return collections.Counter(examples)
+
+
+def test_gzip_shards_read_like_plain_ones(raw_dir, data_dir, tmp_path):
+    """`make preprocess PREPROCESS_ARGS=--compression=gzip`: training and evaluation read the same
+    examples from the gzip shards as from plain ones (the input follows the manifest)."""
+    from conftest import DATA_OVERRIDES, config_file, run_preprocess
+
+    config_path = str(config_file(tasks.DEFAULT))
+    manifest = run_preprocess(
+        raw_dir, tmp_path, "--config", config_path, "--num_shards", "4", "--compression=gzip", *DATA_OVERRIDES
+    )
+    assert manifest["compression"] == "gzip" and all(
+        name.endswith(".tfrecord.gz") for split in manifest["splits"].values() for name in split["files"]
+    )
+    strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime).strategy
+    gzipped = distributed_eval_examples(strategy, tmp_path, manifest)
+    assert gzipped == distributed_eval_examples(strategy, data_dir, load_manifest(data_dir))
+    assert sum(gzipped.values()) == manifest["splits"]["eval"]["num_examples"]
+    dataset, _ = input_pipeline.distributed_dataset(strategy, str(tmp_path), manifest, "train", 32, training=True)
+    first = strategy.experimental_local_results(tf.nest.flatten(next(iter(dataset)))[0])
+    assert len(first) == 8 and all(tensor.shape[0] == 4 for tensor in first)
 
 
 def test_distributed_batches_are_per_replica(data_dir):

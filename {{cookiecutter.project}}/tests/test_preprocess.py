@@ -155,6 +155,52 @@ def test_runs_are_deterministic(raw_dir, reference, tmp_path):
     assert first["splits"]["train"]["num_examples"] == len(sources) - expected_eval
 
 
+class RecordingFit:
+    """The project's task, unchanged but for `fit`: it needs one, sees at most 5 payloads, and
+    writes what it was given to a file (Beam may run it in another thread or a copy of the task)."""
+
+    def __init__(self, task, record: Path):
+        self.task, self.record = task, record
+
+    def __getattr__(self, name):  # only for what the instance lacks; not while unpickling
+        if name in ("task", "record") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    needs_fit = True
+
+    def fit_sample_size(self, data) -> int:
+        return 5
+
+    def fit(self, train_payloads, data, workdir):
+        import pickle
+
+        self.record.write_bytes(pickle.dumps(list(train_payloads)))
+        return self.task.fit(train_payloads, data, workdir) if self.task.needs_fit else {}
+
+
+def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path, monkeypatch):
+    """What preprocessing learns from the data (a tokenizer) comes from train examples only, and
+    from at most the task's fit_sample_size of them, the same ones on every run."""
+    import pickle
+
+    task = tasks.current()
+    by_split = {"train": [], "eval": []}
+    for relative in task.list_raw(str(raw_dir)).units:
+        for example in task.read_raw(relative, (raw_dir / relative).read_bytes()):
+            if isinstance(example, RawExample):
+                by_split[preprocess.split_of(example.source, 0.2)].append(example.payload)
+    seen = []
+    for run in range(2):
+        recording = RecordingFit(task, tmp_path / f"fit-{run}.pickle")
+        monkeypatch.setattr(tasks, "current", lambda recording=recording: recording)
+        run_preprocess(raw_dir, tmp_path / f"out-{run}", *ARGS)
+        seen.append(pickle.loads(recording.record.read_bytes()))
+    assert len(seen[0]) == 5 and seen[0] == seen[1]
+    assert all(payload in by_split["train"] for payload in seen[0])
+    assert not [payload for payload in seen[0] if payload in by_split["eval"]]
+
+
 def test_shards_are_not_runs_of_one_label(reference):
     """Records inside a shard follow a stable hash of their source, not the sorted path (which
     starts with the label): the share of records whose label repeats the previous one is near
