@@ -6,6 +6,7 @@ the README, not in tests."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -70,7 +71,17 @@ def test_bench_spe_measures_every_candidate(data_dir):
     assert str(figures["chosen"]) in figures["candidates"]
 
 
-def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir):
+def expected_records(raw, data_dir, min_files: int) -> int:
+    """What the benchmark writes: the examples preprocessing accepts from the sample (its manifest),
+    once per copy of the sample's files that reaching `min_files` takes."""
+    from {{ cookiecutter.package }} import tasks
+
+    splits = json.loads((data_dir / "manifest.json").read_text())["splits"]
+    accepted = sum(split["num_examples"] for split in splits.values())
+    return accepted * math.ceil(min_files / len(tasks.current().list_raw(str(raw)).units))
+
+
+def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir, data_dir):
     output, figures = run_module(
         "bench_preprocess",
         "--input",
@@ -86,10 +97,10 @@ def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir):
     )
     assert "beam runs at" in output and "identical shards" in output
     assert {"beam_records_per_s", "plain_records_per_s", "ratio", "records"} <= set(figures)
-    assert figures["records"] > 0
+    assert figures["records"] == expected_records(raw_dir, data_dir, 60)
 
 
-def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, tmp_path):
+def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, data_dir, tmp_path):
     """The warm-up encodes the first raw input in sorted order: when that one is broken, it is
     rejected as preprocessing rejects it, not a traceback."""
     import shutil
@@ -115,4 +126,4 @@ def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, 
         "1",
         "--no_multi",
     )
-    assert figures["records"] > 0
+    assert figures["records"] == expected_records(raw, data_dir, 10)  # the empty file: no record

@@ -69,25 +69,36 @@ def gcs_raw(gcs_server, raw_dir) -> str:
     return bucket.path("raw")
 
 
-def test_choose_num_shards():
-    choose = topology.choose_num_shards
-    assert choose(0, 3136, 1) == 1
-    assert choose(1000, 3136, 4) == 1  # 3 MB: one shard, however many hosts
-    assert choose(1, 200 * MB, 1) == 10  # 10 shards of 20 MB for the one host
-    assert choose(1, 2000 * MB, 1) == 16  # never over ~128 MB a shard
-    assert choose(1, 1024 * MB, 1) == 10  # 10 shards for the one host (~102 MB each) beat 8 by size
-    assert choose(1, 1024 * MB, 4) == 40  # 10 per host, ~26 MB each
-    assert choose(1, 200 * MB, 4) == 20  # 10 per host would be 5 MB shards: as many 10 MB shards as fit
-    assert choose(1, 50 * MB, 8) == 5
-    assert choose(1, 100 * 1024 * MB, 4) == 800  # big data: the 128 MB target decides
-    for examples, size, hosts in ((5000, 12352, 1), (10**6, 12352, 4), (10**5, 3136, 16)):
-        shards = choose(examples, size, hosts)
-        assert examples * size / shards <= topology.TARGET_SHARD_BYTES
-        assert (
-            shards == 1
-            or examples * size / shards >= topology.MIN_SHARD_BYTES
-            or shards == -(-examples * size // topology.TARGET_SHARD_BYTES)
-        )
+def test_choose_num_shards_follows_its_rules():
+    """The sizing rules, checked on data from nothing to a terabyte and 1 to 64 reading hosts:
+    never a shard over the target size, never one under the minimum unless there is only one,
+    10 shards per reading host whenever those still hold the minimum, no more shards than either
+    rule asks for, and more data or more hosts never means fewer shards."""
+    choose, target, minimum, per_host = (
+        topology.choose_num_shards,
+        topology.TARGET_SHARD_BYTES,
+        topology.MIN_SHARD_BYTES,
+        topology.SHARDS_PER_HOST,
+    )
+    sizes = [0, 1000, 3 * MB, 50 * MB, 99 * MB, 200 * MB, 1024 * MB, 2000 * MB, 100 * 1024 * MB, 2**40]
+    hosts = [1, 2, 4, 8, 16, 64]
+    for total in sizes:
+        for reading_hosts in hosts:
+            shards = choose(total, 1, reading_hosts)
+            assert shards >= 1
+            assert total / shards <= target, (total, reading_hosts, shards)
+            assert shards == 1 or total / shards >= minimum, (total, reading_hosts, shards)
+            if total >= per_host * reading_hosts * minimum:
+                assert shards >= per_host * reading_hosts, (total, reading_hosts, shards)
+            assert shards <= max(1, per_host * reading_hosts, -(-total // target)), (total, reading_hosts, shards)
+    for reading_hosts in hosts:
+        counts = [choose(total, 1, reading_hosts) for total in sizes]
+        assert counts == sorted(counts)
+    for total in sizes:
+        counts = [choose(total, 1, reading_hosts) for reading_hosts in hosts]
+        assert counts == sorted(counts)
+    # Bytes are examples times their size: the same rule.
+    assert choose(1000, 3136, 4) == choose(1000 * 3136, 1, 4)
 
 
 def test_manifest_is_exact_and_a_rerun_replaces_the_output(raw_dir, tmp_path):
