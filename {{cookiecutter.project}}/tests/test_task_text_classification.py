@@ -332,3 +332,47 @@ def test_doctor_rules():
     assert status == "warn" and "data.seq_len=64" in fix
     assert doctor_rules.sequence_fit(cfg(), tpu, stats(0.0, 0.7))[0] == "pass"  # 128 is the TPU's floor
     assert doctor_rules.sequence_fit(cfg(), tpu, None)[0] == "skip"
+
+
+def test_model_widths_off_the_mxu_tiles_are_named_with_their_fix(data_dir, tmp_path):
+    """The shared width rules on the Transformer: on a TPU, widths that are not multiples of 128 are
+    padded by the MXU (a warning that names the layers, and the config change that fixes it), and
+    the logits layer, whose width the data sets, is never named."""
+    from test_doctor import check
+
+    from {{ cookiecutter.package }}.doctor import engine
+
+    narrow = ("model.width=100", "model.heads=1", "model.mlp_width=200")
+    rule = check(data_dir, *narrow, tmp_path=tmp_path, target="tpu")["model.feature_dims"]
+    assert rule.status == engine.WARN and "100" in rule.message and "200" in rule.message
+    assert "logits" not in rule.message and rule.fix == "model.width=128 model.mlp_width=256"
+    tiled = ("model.width=128", "model.heads=1", "model.mlp_width=256")
+    assert check(data_dir, *tiled, tmp_path=tmp_path, target="tpu")["model.feature_dims"].status == engine.PASS
+    assert check(data_dir, *narrow, tmp_path=tmp_path)["model.feature_dims"].status == engine.SKIP  # a CPU run
+
+
+def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
+    """The token ids predict gives a line of text are the ids the evaluation input gives the same
+    text: every eval text of the sample, written one per line, yields exactly the eval split's rows."""
+    from collections import Counter
+
+    from {{ cookiecutter.package }} import config, input_pipeline, preprocess
+
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    eval_fraction = config.load(None, list(TASK.testing().overrides)).data.eval_fraction
+    examples, _ = read_all(raw_dir)
+    texts = [example.payload for example in examples if preprocess.split_of(example.source, eval_fraction) == "eval"]
+    files, counts = input_pipeline.split_files(str(data_dir), manifest, "eval")
+    evaluated = Counter()
+    for ids, _, weights in input_pipeline.make_dataset(files, counts, manifest, 8, training=False):
+        evaluated.update(tuple(row) for row, weight in zip(ids.numpy().tolist(), weights.numpy()) if weight)
+    assert sum(evaluated.values()) == manifest["splits"]["eval"]["num_examples"]
+
+    export = tmp_path / "export"
+    (export / "assets.extra").mkdir(parents=True)
+    for name, content in TASK.export_assets(manifest, str(data_dir)).items():
+        (export / "assets.extra" / name).write_bytes(content)
+    lines = tmp_path / "eval.txt"
+    lines.write_text("".join(" ".join(text.split()) + "\n" for text in texts))
+    _, predicted = TASK.predict_inputs([str(lines)], str(export), manifest)
+    assert Counter(tuple(row) for row in predicted.tolist()) == evaluated
