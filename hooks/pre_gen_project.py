@@ -5,6 +5,7 @@ wrong answer costs one re-run of cookiecutter, not a failed `make tpu-create` an
 """
 
 import ipaddress
+import keyword
 import re
 import sys
 
@@ -31,8 +32,10 @@ def check_project(value):
 
 
 def check_package(value):
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", value):
-        return "a Python import name: lowercase letters, digits and underscores, e.g. 'tpu_trainer'"
+    # A keyword matches the characters, but `import class` is a syntax error in every module.
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", value) or keyword.iskeyword(value):
+        return ("a Python import name: lowercase letters, digits and underscores, not a Python keyword, "
+                "e.g. 'tpu_trainer'")
 
 
 def check_description(value):

@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(items):
     """test_generated.py first, in its own order: its four runs take 3-8 minutes each. make test's
     pytest-xdist workers (worksteal) each take half of the collected list and steal from the tail
     of the other's, so collected first these spread over both workers instead of one of them
-    starting last and running on alone. (test_every_target.py's tests depend on their order.)"""
+    starting last and running on alone."""
     items.sort(key=lambda item: item.path.name != "test_generated.py")  # stable
 
 
