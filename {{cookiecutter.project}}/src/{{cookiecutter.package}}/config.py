@@ -61,8 +61,9 @@ class TrainConfig:
     """Steps of linear warm-up from 0 to the scaled learning rate; cosine decay to 0 follows."""
     total_steps: int = 600
     """Length of training in optimizer steps (the schedule and resume both count in steps)."""
-    steps_per_execution: Union[int, Literal["auto"]] = "auto"
-    """Training steps run per call into the device; `auto` measures candidates and picks one."""
+    steps_per_execution: Union[int, Literal["auto", "auto:fresh"]] = "auto"
+    """Training steps run per call into the device; `auto` measures candidates once per setting and
+    reuses the choice (see steps_per_execution.py), `auto:fresh` measures again."""
     checkpoint_every: int = 100
     """Steps between checkpoints (a checkpoint is also written on SIGTERM and at the end)."""
     eval_every: int = 0
@@ -101,6 +102,9 @@ class RuntimeConfig:
     """Port of the profiler server for on-demand capture (`make profile`), 0 for none."""
     seed: int = 0
     """Global seed for initialisation and shuffling."""
+    cache_dir: str = ""
+    """Where measurements reused across runs are kept (the `steps_per_execution: auto` choice per
+    setting): a local path or gs://; empty for $XDG_CACHE_HOME/<package> (else ~/.cache/<package>)."""
 
 
 def _task():
