@@ -12,8 +12,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, tiny_config
+from test_doctor import check
 from {{ cookiecutter.package }} import distribute, goodput, input_pipeline, train
 from {{ cookiecutter.package }} import steps_per_execution as spe_lib
+from {{ cookiecutter.package }}.doctor import engine
 from {{ cookiecutter.package }}.model import build_model, compile_model
 
 AUTO = ("train.steps_per_execution=auto", "train.log_every=8", "train.checkpoint_every=8")
@@ -111,6 +113,24 @@ def test_the_goodput_record_counts_work_lost_to_a_kill():
     assert record["productive_seconds"] == pytest.approx(12.0 * 8 / 12 + 12.0 + 10.0)
     assert record["time_to_first_step_seconds"] == [6.0, 3.0, 3.0]
     assert goodput.largest_loss(record) == ("first execution", pytest.approx(6.0 / 50))
+
+
+def test_doctor_points_at_the_largest_loss_of_the_last_run(data_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("train:\n  steps_per_execution: 16\n  global_batch_size: 128\n")
+    start = {"initial_step": 0, "furthest_step": 400, "end": "finished"}
+    slow_calibration = {"strategy": 2.0, "calibration": 30.0, "first execution": 8.0, "training": 60.0}
+    record = goodput.summarize([{**start, "phase_seconds": slow_calibration}])
+    (run / "metrics.json").write_text(json.dumps({"goodput": record}))
+    rule = check(data_dir, output_dir=str(run))["train.goodput"]
+    assert rule.status == engine.WARN and "calibration is 30% of the last run's 100 s over 1 start" in rule.message
+    assert "train.steps_per_execution=16" in rule.fix
+    quick = {"strategy": 2.0, "calibration": 3.0, "first execution": 8.0, "training": 87.0}
+    (run / "metrics.json").write_text(json.dumps({"goodput": goodput.summarize([{**start, "phase_seconds": quick}])}))
+    rule = check(data_dir, output_dir=str(run))["train.goodput"]
+    assert rule.status == engine.PASS and "goodput: 87% of 100 s" in rule.message
+    assert check(data_dir, output_dir=str(tmp_path / "no-run"))["train.goodput"].status == engine.SKIP
 
 
 def train_command(data_dir, output_dir, *overrides):

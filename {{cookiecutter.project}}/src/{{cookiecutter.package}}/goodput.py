@@ -30,6 +30,9 @@ FIXES = {
     "strategy": "starting the strategy dominates: on a TPU this is the TPU system's initialisation",
     "data check": "reading the manifest dominates: keep data.dir in the VM's region",
     "export": "exporting the SavedModel dominates a short run: train longer per run",
+    "end of fit": "releasing the input iterators stalls: see the tf.data autotuning note in input_pipeline.py",
+    "start-up": "the rest of the start-up (precision, seeds, the run's config.yaml) dominates: check the run "
+    "directory's storage",
 }
 
 

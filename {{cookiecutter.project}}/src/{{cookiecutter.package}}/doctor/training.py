@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import goodput
 from .engine import (
     PREEMPTION_GRACE_SECONDS,
     MIN_SPE_FOR_SHORT_STEPS,
@@ -89,3 +90,26 @@ def train_preemption_window(ctx: Context) -> Verdict:
             "(or a smaller train.steps_per_execution), and keep checkpoints on a fast bucket in the region",
         )
     return passed(f"{found} (within {PREEMPTION_GRACE_SECONDS} s)")
+
+
+# One loss above this share of a run's wall time is worth a change of config.
+GOODPUT_LOSS_SHARE = 0.25
+
+
+@rule("train.goodput")
+def train_goodput(ctx: Context) -> Verdict:
+    """Where the last run's wall time went over all its starts: the largest loss besides productive
+    training (calibration, compilation at every start, steps repeated after a restart, ...)."""
+    record = ctx.history.goodput
+    if not record:
+        return skip(f"no run in {ctx.cfg.runtime.output_dir} with a goodput record in its metrics.json")
+    name, share = goodput.largest_loss(record)
+    summary = goodput.describe(record, ctx.history.steps_per_execution)
+    if share > GOODPUT_LOSS_SHARE:
+        starts = record["starts"]
+        return warn(
+            f"{name} is {share:.0%} of the last run's {record['wall_seconds']:.0f} s over {starts} "
+            f"start{'s' if starts != 1 else ''} ({record['productive_share']:.0%} productive training)",
+            goodput.FIXES.get(name, f"shorten {name}").format(spe=ctx.history.steps_per_execution),
+        )
+    return passed(summary)
