@@ -80,7 +80,8 @@ def test_bake_every_option(tmp_path, tpu_type, task):
 def test_make_help_lists_every_target(default_project):
     result = subprocess.run(["make", "help"], cwd=default_project, capture_output=True, text=True, check=True)
     for target in ("setup", "test", "data", "preprocess", "train", "eval", "tensorboard", "doctor", "profile",
-                   "bench", "bench-spe", "bench-preprocess", "tpu-create", "tpu-list", "tpu-ssh", "tpu-stop",
+                   "bench", "bench-spe", "bench-startup", "bench-preprocess", "tpu-create", "tpu-list", "tpu-ssh",
+                   "tpu-tunnel", "tpu-stop",
                    "tpu-start", "tpu-delete", "tpu-copy", "pod-train", "train-bg", "logs", "help"):
         assert f" {target} " in result.stdout.replace("\x1b[36m", " ").replace("\x1b[0m", " "), target
 

@@ -64,6 +64,7 @@ TARGETS: dict[str, dict] = {
     "tensorboard": {"special": "served and read through its HTTP API, before and after"},
     "bench": {"before": (), "after": (f"ARGS={SMALL_ARGS} --seconds 0.5",)},
     "bench-spe": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # candidates up to train.log_every
+    "bench-startup": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # three runs of one log interval or two
     "bench-preprocess": {"before": (), "after": ("BENCH_ARGS=--min_files=60 --repeats=1 --workers=2",)},
     "doctor": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},
     "profile": {"before": ("PROFILER_PORT=free", "DURATION=500"), "special": "after: from a training job"},
@@ -72,6 +73,7 @@ TARGETS: dict[str, dict] = {
     "tpu-list": {"after": DRY},
     "tpu-versions": {"after": DRY},
     "tpu-ssh": {"after": DRY},
+    "tpu-tunnel": {"after": DRY},
     "tpu-stop": {"after": DRY},
     "tpu-start": {"after": DRY},
     "tpu-delete": {"after": DRY},
@@ -284,7 +286,7 @@ def test_in_order_on_small_data_every_target_works(project):
 
     serve_tensorboard(project, check_tensorboard_shows_the_run)
 
-    for target in ("bench", "bench-spe", "bench-preprocess"):
+    for target in ("bench", "bench-spe", "bench-startup", "bench-preprocess"):
         result = make(project, target, *TARGETS[target]["after"])
         succeeds(result)
         last_line = result.stdout.strip().splitlines()[-1]  # the figures as JSON, after the logs

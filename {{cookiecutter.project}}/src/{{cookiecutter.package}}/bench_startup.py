@@ -22,7 +22,9 @@ import tempfile
 from typing import Sequence
 
 from . import config as config_lib
+from . import input_pipeline
 from . import steps_per_execution as spe_lib
+from .goodput import time_to_first_step
 from .errors import UserError, run_cli
 
 
@@ -41,8 +43,8 @@ def start(config_file: str, overrides: list[str], output_dir: str, total_steps: 
     ]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if result.returncode != 0:
-        last = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
-        raise UserError(f"the training run failed: {last[0]}; run `make train` with the same ARGS to see why")
+        last = ((result.stderr.strip() or result.stdout.strip()).splitlines() or ["no output"])[-1]
+        raise UserError(last.removeprefix("error: ") if last.startswith("error: ") else f"training failed: {last}")
     for line in result.stdout.splitlines():
         if line.startswith(("time to first step", "steps_per_execution", "calibrating", "  chose")):
             print(f"    {line.strip()}", flush=True)
@@ -53,8 +55,8 @@ def start(config_file: str, overrides: list[str], output_dir: str, total_steps: 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv)
     overrides = [item for item in args.overrides if not item.startswith(("runtime.output_dir=", "train.total_steps="))]
+    input_pipeline.read_manifest(cfg.data.dir, cfg.data)  # no data: the one-line error, before any run
     interval = spe_lib.limit(cfg.train)
-    from .goodput import time_to_first_step
 
     seconds = {}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
