@@ -17,7 +17,8 @@ EXPECTED_FILES = {
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/template_update.sh", "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (
-        "__init__", "bench_input", "bench_preprocess", "bench_spe", "capture_profile", "config", "distribute", "gcp",
+        "__init__", "bench_input", "bench_preprocess", "bench_spe", "bench_startup", "capture_profile", "config",
+        "distribute", "gcp", "goodput",
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
         "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
         "new_task", "precision", "predict", "preemption", "preprocess", "sample_data", "schedule",
@@ -29,7 +30,8 @@ EXPECTED_FILES = {
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_bench", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
-        "test_input", "test_precision", "test_preprocess", "test_schedule", "test_tpu", "test_tpu_ops", "test_train")),
+        "test_input", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
+        "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"

@@ -140,6 +140,11 @@ class Config:
         return start, stop
 
 
+def is_auto(steps_per_execution) -> bool:
+    """`auto` or `auto:fresh`: chosen by measurement at start-up, not given."""
+    return steps_per_execution in ("auto", "auto:fresh")
+
+
 STRATEGIES = ("auto", "tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "bfloat16", "float32")
 

@@ -102,6 +102,18 @@ class Snapshot:
             variable.assign(value)
 
 
+def loop_function(model, iterator):
+    """Keras' multi-step train function of `model`, traced and compiled by one call of one step:
+    the one compilation that every candidate, and then training, use. `model` must be compiled
+    with steps_per_execution > 1 (1 makes Keras build a loop-less function instead)."""
+    if int(model.steps_per_execution.numpy()) < 2:
+        raise ValueError("calibration needs a model compiled with steps_per_execution > 1")
+    train_function = model.make_train_function()
+    model.steps_per_execution.assign(1)
+    train_function(iterator)["loss"].numpy()
+    return train_function
+
+
 def calibrate(
     model,
     iterator,
@@ -109,20 +121,16 @@ def calibrate(
     min_seconds: float = 0.5,
     max_seconds_per_execution: float | None = None,
     rounds: int = ROUNDS,
+    train_function=None,
 ):
     """Times each candidate on `model`; returns (chosen, all measurements), and leaves the chosen
     value set on the model.
 
-    `model` must be compiled with steps_per_execution > 1, so that its train function is Keras'
-    loop over the `steps_per_execution` variable (compiled once, here). The caller puts its
-    weights back (`Snapshot`). Each round times every candidate for `min_seconds` (at least one
-    execution); the first round also bounds the candidates by `max_seconds_per_execution`.
+    `train_function` is `loop_function`'s (compiled here when not given). The caller puts the
+    model's weights back (`Snapshot`). Each round times every candidate for `min_seconds` (at
+    least one execution); the first round also bounds the candidates by `max_seconds_per_execution`.
     """
-    if int(model.steps_per_execution.numpy()) < 2:
-        raise ValueError("calibrate needs a model compiled with steps_per_execution > 1")
-    train_function = model.make_train_function()
-    model.steps_per_execution.assign(1)
-    train_function(iterator)["loss"].numpy()  # trace and compile: the one compilation
+    train_function = train_function or loop_function(model, iterator)
     tried, timings, cap = [], {}, limit
     for value in candidates(limit):
         if value > cap:

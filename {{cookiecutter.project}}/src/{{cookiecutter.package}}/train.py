@@ -225,25 +225,30 @@ def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, s
 def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
     """(`train.steps_per_execution`, the measurements): measured on a model of its own when it is
     `auto` (benchmarks and tests; a run calibrates the model it trains, in `train`)."""
-    if cfg.train.steps_per_execution not in ("auto", spe_lib.FRESH):
+    if not config_lib.is_auto(cfg.train.steps_per_execution):
         return int(cfg.train.steps_per_execution), []
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg, manifest), cfg.train, max(2, spe_lib.limit(cfg.train)))
     dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
-    chosen, measurements = calibrate(cfg, model, dataset)
+    chosen, measurements = calibrate(cfg, model, iter(dataset))
     return chosen.steps_per_execution, measurements
 
 
-def calibrate(cfg: config_lib.Config, model: keras.Model, dataset):
-    """Measures the candidates on `model` (compiled with steps_per_execution > 1) and prints why it
-    chose what it chose; returns (chosen, measurements)."""
+def calibrate(cfg: config_lib.Config, model: keras.Model, iterator, train_function=None):
+    """Measures the candidates on `model` (compiled with steps_per_execution > 1; `train_function`
+    from spe_lib.loop_function, if already compiled) and prints why it chose what it chose;
+    returns (chosen, measurements)."""
     limit = spe_lib.limit(cfg.train)
     print(
         f"calibrating steps_per_execution (candidates up to {limit}, median of {spe_lib.ROUNDS} rounds each):",
         flush=True,
     )
     chosen, measurements = spe_lib.calibrate(
-        model, iter(dataset), limit, max_seconds_per_execution=cfg.train.max_seconds_per_execution
+        model,
+        iterator,
+        limit,
+        max_seconds_per_execution=cfg.train.max_seconds_per_execution,
+        train_function=train_function,
     )
     best = max(m.steps_per_second for m in measurements)
     for m in measurements:
@@ -377,7 +382,7 @@ def train(cfg: config_lib.Config) -> dict:
     # its config.yaml keeps describing the training that produced it.
     latest = tf.train.latest_checkpoint(run_path(output_dir, "checkpoints"))
     finished = latest is not None and int(latest.rsplit("-", 1)[1]) >= cfg.train.total_steps
-    auto = cfg.train.steps_per_execution in ("auto", spe_lib.FRESH)
+    auto = config_lib.is_auto(cfg.train.steps_per_execution)
     run_metrics = read_metrics(output_dir)
     calibration, found_in = None, ""
     if auto and not finished:
@@ -418,13 +423,18 @@ def train(cfg: config_lib.Config) -> dict:
                 flush=True,
             )
         else:
-            clock.start("calibration")
             with resolved.strategy.scope():
                 # The candidates run on the model that is trained: its restored (or initial) state is
-                # put back afterwards.
+                # put back afterwards. Compiling the loop is booked as the first execution: training
+                # reuses it, and a start that reuses a stored choice pays it in fit() instead.
                 snapshot = spe_lib.Snapshot(model)
-                chosen, measurements = calibrate(cfg, model, dataset)
+                clock.start("first execution")
+                iterator = iter(dataset)
+                train_function = spe_lib.loop_function(model, iterator)
+                clock.start("calibration")
+                chosen, measurements = calibrate(cfg, model, iterator, train_function)
                 snapshot.restore()
+                del iterator
             calibration = spe_lib.record(key, chosen, measurements)
             cache = spe_lib.cache_path(spe_lib.cache_dir(cfg.runtime.cache_dir), key)
             spe_lib.write_cache(cache, calibration)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import config as config_lib
 from .. import goodput
 from .engine import (
     PREEMPTION_GRACE_SECONDS,
@@ -22,10 +23,11 @@ def train_steps_per_execution(ctx: Context) -> Verdict:
     spe, history = ctx.cfg.train.steps_per_execution, ctx.history
     step = history.step_seconds
     measured = f"; the run in {ctx.cfg.runtime.output_dir} measured {step * 1000:.1f} ms per step" if step else ""
-    if spe == "auto":
+    if config_lib.is_auto(spe):
         chosen = f"; its last run chose {history.steps_per_execution}" if history.steps_per_execution else ""
         return passed(
-            f"auto: measured at start-up among 1, 4, 16 ... up to min(log_every, checkpoint_every){chosen}{measured}"
+            f"{spe}: measured once per setting among 1, 4, 16 ... up to min(log_every, checkpoint_every), "
+            f"then reused{chosen}{measured}"
         )
     if spe == 1:
         return warn(
@@ -44,8 +46,8 @@ def train_steps_per_execution(ctx: Context) -> Verdict:
 def train_execution_boundaries(ctx: Context) -> Verdict:
     train = ctx.cfg.train
     spe = train.steps_per_execution
-    if spe == "auto":
-        return passed(f"auto stays within log_every={train.log_every} and checkpoint_every={train.checkpoint_every}")
+    if config_lib.is_auto(spe):
+        return passed(f"{spe} stays within log_every={train.log_every} and checkpoint_every={train.checkpoint_every}")
     verdicts = []
     for key, every in (("log_every", train.log_every), ("checkpoint_every", train.checkpoint_every)):
         what = "logs" if key == "log_every" else "checkpoints"
