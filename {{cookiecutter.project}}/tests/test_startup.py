@@ -200,3 +200,17 @@ def test_a_run_preempted_twice_sums_its_three_starts(data_dir, tmp_path):
         assert total == pytest.approx(sum(start.get(name, 0.0) for start in printed), abs=0.2), name
     assert "goodput: " in logs[2] and "over 3 starts" in logs[2]
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-400")
+
+
+@pytest.mark.slow  # three training processes
+def test_bench_startup_times_a_fresh_run_a_resume_and_a_rerun(data_dir):
+    from test_bench import TINY, run_module
+
+    output, figures = run_module("bench_startup", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY)
+    assert {"fresh_seconds", "resume_seconds", "rerun_seconds", "resume_over_fresh", "rerun_over_fresh"} <= set(figures)
+    assert all(figures[key] > 0 for key in figures)
+    assert figures["resume_over_fresh"] == pytest.approx(figures["resume_seconds"] / figures["fresh_seconds"], abs=0.01)
+    fresh, resume, rerun = output.split("fresh:")[1].split("resume:")[0], *output.split("resume:")[1].split("rerun:")
+    assert "calibrating" in fresh
+    assert "reusing the calibration in this run's metrics.json" in resume and "calibrating" not in resume
+    assert "reusing the calibration in the cache" in rerun and "calibrating" not in rerun
