@@ -24,7 +24,7 @@ from typing import Sequence
 from . import config as config_lib
 from . import input_pipeline
 from . import steps_per_execution as spe_lib
-from .goodput import time_to_first_step
+from .goodput import BEFORE_FIRST_STEP, time_to_first_step
 from .errors import UserError, run_cli
 
 
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name}:", flush=True)
             phases = start(args.config, overrides, output_dir, steps, cache)["phase_seconds"]
             seconds[name] = time_to_first_step(phases)
-            parts = ", ".join(f"{phase} {phases[phase]:.1f} s" for phase in phases if phase not in ("training",))
+            parts = ", ".join(f"{phase} {phases[phase]:.1f} s" for phase in BEFORE_FIRST_STEP if phase in phases)
             print(f"  time to first step {seconds[name]:.1f} s ({parts})", flush=True)
     resume, rerun = seconds["resume"] / seconds["fresh"], seconds["rerun"] / seconds["fresh"]
     print(f"resume/fresh {resume:.2f}x, rerun/fresh {rerun:.2f}x")
