@@ -19,7 +19,8 @@ EXPECTED_FILES = {
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/template_update.sh", "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (
-        "__init__", "bench_input", "bench_preprocess", "bench_spe", "capture_profile", "config", "distribute", "gcp",
+        "__init__", "bench_input", "bench_preprocess", "bench_spe", "bench_startup", "capture_profile", "config",
+        "distribute", "gcp", "goodput",
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
         "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
         "new_task", "precision", "predict", "preemption", "preprocess", "sample_data", "schedule",
@@ -31,7 +32,8 @@ EXPECTED_FILES = {
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_bench", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
-        "test_input", "test_precision", "test_preprocess", "test_schedule", "test_tpu", "test_tpu_ops", "test_train")),
+        "test_input", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
+        "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"
@@ -79,11 +81,10 @@ def test_bake_every_option(tmp_path, tpu_type, task):
                        cwd=project, env={"PYTHONPATH": str(project / "src")}, check=True, capture_output=True)
 
 
-# The targets PRODUCT.md promises (its "Generated project: commands" table). It also names
-# bench-startup, which the Makefile does not have yet: it joins this list with its target.
+# The targets PRODUCT.md promises (its "Generated project: commands" table).
 CONTRACT_TARGETS = {
     "setup", "test", "data", "preprocess", "train", "eval", "predict", "tensorboard", "new-task", "doctor", "profile",
-    "bench", "bench-spe", "bench-preprocess", "tpu-create", "tpu-list", "tpu-ssh", "tpu-stop", "tpu-start",
+    "bench", "bench-spe", "bench-preprocess", "bench-startup", "tpu-create", "tpu-list", "tpu-ssh", "tpu-stop", "tpu-start",
     "tpu-delete", "tpu-copy", "pod-train", "train-bg", "logs", "help", "lint", "format", "test-full", "test-tpu",
 }
 # A rule line with a help text, in any of the project's make files: "name: [prerequisites] ## text".

@@ -67,6 +67,7 @@ TARGETS: dict[str, dict] = {
     "tensorboard": {"special": "served and read through its HTTP API, before and after"},
     "bench": {"before": (), "after": (f"ARGS={SMALL_ARGS} --seconds 0.5",)},
     "bench-spe": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # candidates up to train.log_every
+    "bench-startup": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # three runs of one log interval or two
     "bench-preprocess": {"before": (), "after": ("BENCH_ARGS=--min_files=60 --repeats=1 --workers=2",)},
     "doctor": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},
     "profile": {"before": ("DURATION=500",), "special": "after: from a training job"},  # a held port: see below
@@ -75,6 +76,7 @@ TARGETS: dict[str, dict] = {
     "tpu-list": {"after": DRY},
     "tpu-versions": {"after": DRY},
     "tpu-ssh": {"after": DRY},
+    "tpu-tunnel": {"after": DRY},
     "tpu-stop": {"after": DRY},
     "tpu-start": {"after": DRY},
     "tpu-delete": {"after": DRY},

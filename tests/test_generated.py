@@ -53,16 +53,55 @@ def run_end_to_end(project, *train_args, examples=1200, rejected=2):
     return json.loads((run / "metrics.json").read_text())
 
 
+# Run inside a bake: its eval split's examples, as preprocessing split them (the sample's rejected
+# inputs left out): [source, target, the text or None].
+EVAL_EXAMPLES = """
+import json, sys
+from {package} import config, preprocess, tasks
+from {package}.task import RawExample
+
+eval_fraction = config.load("configs/local.yaml").data.eval_fraction
+task, raw = tasks.current(), "data/raw"
+rejected = {{json.loads(line)["source"] for line in open("data/tfrecords/rejected.jsonl")}}
+examples = []
+for unit in task.list_raw(raw).units:
+    for item in task.read_raw(unit, open(f"{{raw}}/{{unit}}", "rb").read()):
+        if not isinstance(item, RawExample) or {{item.source, f"{{raw}}/{{item.source}}"}} & rejected:
+            continue
+        if (item.split or preprocess.split_of(item.source, eval_fraction)) == "eval":
+            examples.append([item.source, item.target, item.payload if isinstance(item.payload, str) else None])
+print(json.dumps(examples))
+"""
+
+
+def eval_examples(project, package: str = "tpu_trainer") -> list:
+    env = {**project_env(), "PYTHONPATH": str(project / "src"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([str(VENV / "bin/python"), "-c", EVAL_EXAMPLES.format(package=package)], cwd=project,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_predict_agrees_with_evaluation(metrics: dict, examples: list, predicted: str) -> None:
+    """`make predict` on every eval example: its labels score the accuracy the evaluation reported
+    (within one example: predict runs other batch shapes, and bfloat16 sums differ in the last bit)."""
+    rows = [line.split("\t") for line in predicted.splitlines() if line.count("\t") == 2]
+    assert len(rows) == len(examples) == metrics["eval_examples"]
+    correct = sum(label == target for (label, _, _), (_, target, _) in zip(rows, examples))
+    assert abs(correct - metrics["accuracy"] * len(examples)) <= 1.0 + 1e-6, (correct, metrics["accuracy"])
+
+
 @pytest.mark.slow
 def test_end_to_end_on_cpu_reaches_the_promised_accuracy(set_up_project):
     """data -> preprocess -> train -> eval with configs/local.yaml as shipped (auto steps_per_execution)."""
     metrics = run_end_to_end(set_up_project)
     assert metrics["global_step"] == 400
     assert metrics["accuracy"] >= 0.9
-    image = sorted((set_up_project / "data/raw/circle").glob("*.png"))[0]
-    predicted = make(set_up_project, "predict", f"INPUT={image}")
-    assert any(line.split("\t")[0] in ("circle", "square", "triangle", "cross") and line.endswith(str(image))
-               for line in predicted.splitlines())
+    examples = eval_examples(set_up_project)
+    paths = [str(set_up_project / "data/raw" / source) for source, _, _ in examples]
+    predicted = make(set_up_project, "predict", f"INPUT={' '.join(paths)}")
+    assert [line.split("\t")[-1] for line in predicted.splitlines() if line.count("\t") == 2] == paths
+    assert_predict_agrees_with_evaluation(metrics, examples, predicted)
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +147,10 @@ def test_text_end_to_end_reaches_the_promised_accuracy(set_up_project, text_proj
     assert metrics["accuracy"] >= 0.88
     doctor = make(text_project, "doctor")
     assert "seq_len" in doctor
+    examples = eval_examples(text_project)
     texts = text_project / "to_classify.txt"
-    texts.write_text("the striker scored twice before halftime and the crowd cheered\n"
-                     "the recipe needs garlic butter and a slow simmer\n")
-    predicted = make(text_project, "predict", f"INPUT={texts}").splitlines()
-    rows = [line.split("\t") for line in predicted if line.count("\t") == 2]
-    assert len(rows) == 2 and all(label in manifest["label_names"] and 0 < float(p) <= 1 for label, p, _ in rows)
+    texts.write_text("".join(" ".join(text.split()) + "\n" for _, _, text in examples))
+    assert_predict_agrees_with_evaluation(metrics, examples, make(text_project, "predict", f"INPUT={texts}"))
 
 
 # The objective that replaces the scaffold's toy one in the test below: MSE still trains, and the

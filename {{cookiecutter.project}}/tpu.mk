@@ -2,7 +2,7 @@
 # holds GCP_PROJECT, ZONE, TPU_TYPE and TPU_NAME. See README.md, "Run on a TPU VM".
 #
 #   make tpu-create [SPOT=1 | PREEMPTIBLE=1] [QUEUED=1]    make tpu-copy tpu-setup
-#   make tpu-ssh [WORKER=n]    make train-bg / make logs (on the VM)    make pod-train / pod-logs
+#   make tpu-ssh [WORKER=n]    make tpu-tunnel (TensorBoard, profiler)    make train-bg / make logs (on the VM)    make pod-train / pod-logs
 #   make tpu-stop | tpu-start | tpu-delete | tpu-list | tpu-versions | tpu-info
 #
 # DRY_RUN=1 on any of them prints the exact commands instead of running them.
@@ -98,13 +98,17 @@ COPY_EXCLUDES ?= .venv data runs logs .git .pytest_cache
 SECRET_EXCLUDES := *-key.json credentials*.json application_default_credentials.json .env .env.*
 COPY_ARCHIVE ?= /tmp/$(TPU_NAME)-code.tar.gz
 WORKER ?= 0
+# The ports of `make tensorboard` and of a job's profiler server (runtime.profiler_port, `make
+# profile`); `make tpu-tunnel` forwards both from the TPU VM to this machine's localhost.
+TENSORBOARD_PORT ?= 6006
+PROFILER_PORT ?= 9012
 POD_CONFIG ?= configs/pod.yaml
 
 # ---- Training that survives a lost SSH connection ----------------------------------------------
 TRAIN_SESSION ?= train
 TRAIN_LOG ?= logs/train.log
 
-.PHONY: tpu-create tpu-list tpu-ssh tpu-stop tpu-start tpu-delete tpu-copy tpu-setup tpu-versions \
+.PHONY: tpu-create tpu-list tpu-ssh tpu-tunnel tpu-stop tpu-start tpu-delete tpu-copy tpu-setup tpu-versions \
 	tpu-info tpu-cleanup pod-train pod-logs train-bg logs
 
 tpu-create: ## create the TPU VM or Pod slice TPU_NAME (SPOT=1, PREEMPTIBLE=1, QUEUED=1 [QUEUE_FOR=6h], AUTOCHECKPOINT=1)
@@ -137,6 +141,10 @@ tpu-info: ## show the TPU settings: type, hosts, runtime image, whether this mac
 
 tpu-ssh: ## open a shell on the TPU VM (WORKER=n for another worker of a Pod slice)
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER)
+
+tpu-tunnel: ## a shell on the TPU VM with its TensorBoard and profiler ports forwarded to this machine's localhost
+	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER) -- \
+		-L $(TENSORBOARD_PORT):localhost:$(TENSORBOARD_PORT) -L $(PROFILER_PORT):localhost:$(PROFILER_PORT)
 
 tpu-stop: ## stop the TPU VM without deleting it (tpu-start brings it back; preemptible ones cannot)
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm stop $(TPU_NAME) $(TPU_FLAGS)

@@ -44,6 +44,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("finished_run"))
 
 
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path, monkeypatch):
+    """Each test its own cache folder (the stored `steps_per_execution: auto` choices), inherited by
+    the commands it starts: no test reuses a measurement another test or the user made."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def eight_cpu_replicas():
     """Splits the CPU before any TensorFlow op runs in this process."""

@@ -448,3 +448,44 @@ def test_small_per_replica_batch_with_batch_norm_warns(data_dir, tmp_path):
     assert "model.sync_batch_norm=true" in rule.fix and "train.global_batch_size=256" in rule.fix
     assert check(data_dir, "model.sync_batch_norm=true", tmp_path=tmp_path)["model.batch_norm"].status == engine.PASS
     assert check(data_dir, "train.global_batch_size=256", tmp_path=tmp_path)["model.batch_norm"].status == engine.PASS
+
+
+# ----------------------------------------------------------------------------- the stem's stride
+
+
+def test_auto_stem_stride_follows_the_image_size():
+    from {{ cookiecutter.package }}.tasks.image_classification import stem
+
+    assert [stem.stride_for(size) for size in (16, 32, 48, 64, 96, 128, 224, 512)] == [1, 1, 1, 2, 2, 4, 4, 4]
+    auto = config.load(None, ["data.image_size=128"])
+    assert auto.model.stem_stride == "auto" and stem.stem_stride(auto.model, 128) == 4
+    explicit = config.load(None, ["data.image_size=128", "model.stem_stride=2"])
+    assert stem.stem_stride(explicit.model, 128) == 2
+    assert stem.describe(auto.model, 128) == "stem stride 4 (auto for 128 px images): first stage at 32x32 px"
+    with pytest.raises(config.ConfigError, match="model.stem_stride must be an integer or 'auto'"):
+        config.load(None, ["model.stem_stride=big"])
+
+
+def test_the_built_model_uses_the_auto_stride(capsys):
+    model = TASK.build_model(config.load(None, ["model.widths=[8,16]"]).model, {"image_size": 64, "num_classes": 3})
+    assert model.get_layer("stem_conv").strides == (2, 2)
+    assert model.get_layer("stage0_block0_out").output.shape[1:3] == (32, 32)
+    assert "stem stride 2 (auto for 64 px images)" in capsys.readouterr().out
+
+
+def test_a_large_first_stage_warns_and_names_the_stride(data_dir, tmp_path):
+    from {{ cookiecutter.package }}.tasks.image_classification import stem
+    from {{ cookiecutter.package }}.topology import Target
+
+    target = Target("cpu", 8, 1)
+    full = config.load(
+        None, ["data.image_size=128", "model.stem_stride=1", "model.widths=[16,32]", "runtime.mixed_precision=float32"]
+    )
+    status, message, fix = stem.first_stage_activations(full, target, None)
+    assert status == "warn" and "first stage at 128x128 px" in message
+    assert "16 MiB per activation tensor per replica (batch 16, 16 channels)" in message  # 16*128*128*16*4 B
+    assert fix == "set model.stem_stride=auto (stride 4 here)"
+    auto = config.load(None, ["data.image_size=128"])
+    assert stem.first_stage_activations(auto, target, None)[0] == "pass"
+    # The rule runs in `make doctor`, on the shards' image size (16 px here).
+    assert check(data_dir, tmp_path=tmp_path)["model.first_stage_activations"].status == engine.PASS

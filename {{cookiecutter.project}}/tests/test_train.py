@@ -184,10 +184,12 @@ def test_auto_steps_per_execution_is_measured(data_dir, tmp_path):
     assert next(m for m in measurements if m.steps_per_execution == chosen).steps_per_second >= 0.95 * best
 
 
-def test_calibration_picks_the_smallest_value_near_the_fastest():
+def test_calibration_picks_the_largest_value_near_the_fastest():
     Measurement = steps_per_execution.Measurement
     measured = [Measurement(1, 10.0), Measurement(4, 40.0), Measurement(16, 41.0), Measurement(64, 42.0)]
-    assert steps_per_execution.choose(measured).steps_per_execution == 4
+    assert steps_per_execution.choose(measured).steps_per_execution == 64
+    measured[-1] = Measurement(64, 30.0)
+    assert steps_per_execution.choose(measured).steps_per_execution == 16
     assert steps_per_execution.candidates(50) == [1, 4, 16, 50]
 
 

@@ -1,5 +1,5 @@
 """steps_per_execution: steps/s of each candidate on the real model, strategy and input, and the
-value `train.steps_per_execution: auto` picks (the smallest within 5% of the fastest).
+value `train.steps_per_execution: auto` picks (the largest within 5% of the fastest), measured afresh.
 
     make bench-spe        # python -m {{ cookiecutter.package }}.bench_spe --config configs/local.yaml
 

@@ -61,8 +61,9 @@ class TrainConfig:
     """Steps of linear warm-up from 0 to the scaled learning rate; cosine decay to 0 follows."""
     total_steps: int = 600
     """Length of training in optimizer steps (the schedule and resume both count in steps)."""
-    steps_per_execution: Union[int, Literal["auto"]] = "auto"
-    """Training steps run per call into the device; `auto` measures candidates and picks one."""
+    steps_per_execution: Union[int, Literal["auto", "auto:fresh"]] = "auto"
+    """Training steps run per call into the device; `auto` measures candidates once per setting and
+    reuses the choice (see steps_per_execution.py), `auto:fresh` measures again."""
     checkpoint_every: int = 100
     """Steps between checkpoints (a checkpoint is also written on SIGTERM and at the end)."""
     eval_every: int = 0
@@ -104,6 +105,9 @@ class RuntimeConfig:
     metadata_poll_seconds: float = 5.0
     """How often the GCE metadata server is asked for a preemption or maintenance notice. A notice
     comes about 30 s before the hard stop, so a few seconds leave time to save."""
+    cache_dir: str = ""
+    """Where measurements reused across runs are kept (the `steps_per_execution: auto` choice per
+    setting): a local path or gs://; empty for $XDG_CACHE_HOME/<package> (else ~/.cache/<package>)."""
 
 
 def _task():
@@ -137,6 +141,11 @@ class Config:
             return None
         start, stop = (int(part) for part in self.runtime.profile_steps.split(","))
         return start, stop
+
+
+def is_auto(steps_per_execution) -> bool:
+    """`auto` or `auto:fresh`: chosen by measurement at start-up, not given."""
+    return steps_per_execution in ("auto", "auto:fresh")
 
 
 STRATEGIES = ("auto", "tpu", "gpu", "cpu")

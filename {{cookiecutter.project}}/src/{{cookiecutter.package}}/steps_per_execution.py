@@ -1,33 +1,54 @@
-"""Measured choice of `steps_per_execution` (`train.steps_per_execution: auto`).
+"""Measured choice of `steps_per_execution` (`train.steps_per_execution: auto`), measured once per setting.
 
 Each call from Python into the device has a fixed cost (dispatch, and on a TPU the host-device
 round trip); running several steps per call inside one compiled loop amortises it. Too large a
 value delays logging, checkpoints and the SIGTERM check, which all happen between executions.
 So: time each candidate (powers of four up to the logging/checkpoint interval) on the real model,
-strategy and input, and keep the smallest one within 5% of the fastest. Candidates whose execution
+strategy and input, and keep the largest one within 5% of the fastest (more amortisation for the
+same speed, and a choice that does not wander with measurement noise). Candidates whose execution
 would take longer than `train.max_seconds_per_execution` at the measured step time are not tried:
 a preemption notice waits for the current execution to finish, then for a checkpoint save, and
 both must fit in the ~30 s a Spot TPU VM gets.
+
+What it costs, and why it is paid once:
+- Keras' multi-step train function loops `model.steps_per_execution` times, a variable read inside
+  the compiled loop: one compilation serves every candidate, and training reuses it.
+- The candidates run on the model that is then trained; its weights and optimizer state are put
+  back afterwards (`Snapshot`), so calibration steps never reach the trained weights.
+- The choice and its measurements are stored in the run's metrics.json (a resume reuses them) and
+  in a cache keyed by everything that determines them (`setting()`), so a rerun, or a new run with
+  only another output_dir, measures nothing. `auto:fresh` measures again and renews both.
+- Each candidate is timed in `ROUNDS` interleaved rounds and its median kept: a burst of load on
+  a shared machine then hits one round of every candidate, not all rounds of one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+
+import tensorflow as tf
 
 TOLERANCE = 0.05
+ROUNDS = 3
+FRESH = "auto:fresh"
 
 
 @dataclass
 class Measurement:
     steps_per_execution: int
     steps_per_second: float
+    """The median of `rounds`."""
+    rounds: list[float] = field(default_factory=list)
 
 
 def candidates(limit: int) -> list[int]:
-    """1, 4, 16, ... below `limit`, and `limit` itself: each candidate costs a compilation, and a
-    factor of 4 between them is fine enough to land within a few percent of the best."""
+    """1, 4, 16, ... below `limit`, and `limit` itself: a factor of 4 between them is fine enough
+    to land within a few percent of the best."""
     values, value = [], 1
     while value < limit:
         values.append(value)
@@ -35,51 +56,169 @@ def candidates(limit: int) -> list[int]:
     return values + [limit]
 
 
-def measure(model, iterator, steps_per_execution: int, min_seconds: float) -> Measurement:
-    """Steps per second of `model`'s train function at `steps_per_execution`, after a warm-up call
-    (the first call traces and compiles)."""
-    model.steps_per_execution = steps_per_execution
-    train_function = model.make_train_function(force=True)
-    train_function(iterator)["loss"].numpy()  # compile and warm up
+def _rate(train_function, iterator, steps_per_execution: int, min_seconds: float) -> float:
     executions, started = 0, time.perf_counter()
     while True:
         train_function(iterator)["loss"].numpy()
         executions += 1
         elapsed = time.perf_counter() - started
-        if elapsed >= min_seconds and executions >= 2:
-            return Measurement(steps_per_execution, executions * steps_per_execution / elapsed)
+        if elapsed >= min_seconds:
+            return executions * steps_per_execution / elapsed
+
+
+def measure(model, iterator, steps_per_execution: int, min_seconds: float) -> Measurement:
+    """Steps per second of `model`'s train function at `steps_per_execution`, after a warm-up call
+    (the first call traces and compiles). For benchmarks of one value; `calibrate` compares many."""
+    model.steps_per_execution = steps_per_execution
+    train_function = model.make_train_function(force=True)
+    train_function(iterator)["loss"].numpy()  # compile and warm up
+    rate = _rate(train_function, iterator, steps_per_execution, min_seconds)
+    return Measurement(steps_per_execution, rate, [rate])
 
 
 def choose(measurements: list[Measurement]) -> Measurement:
-    """The smallest candidate within TOLERANCE of the fastest."""
+    """The largest candidate within TOLERANCE of the fastest."""
     best = max(m.steps_per_second for m in measurements)
-    return min(
+    return max(
         (m for m in measurements if m.steps_per_second >= (1 - TOLERANCE) * best), key=lambda m: m.steps_per_execution
     )
 
 
-def calibrate(
-    build_model: Callable,
-    make_iterator: Callable,
-    limit: int,
-    min_seconds: float = 1.5,
-    max_seconds_per_execution: float | None = None,
-):
-    """Times each candidate on a throwaway model; returns (chosen, all measurements).
+class Snapshot:
+    """The values of a model's and its optimizer's variables, to put back after calibration.
 
-    `build_model()` returns a compiled model (in the strategy's scope) and `make_iterator()` an
-    iterator over the distributed training data. The model is discarded afterwards so that the
-    calibration steps never touch the weights that are trained.
+    The optimizer's slots are built first, so that the snapshot covers them: otherwise they would
+    be created by the first calibration step and keep its momentum. Call inside the strategy's scope.
     """
-    model, iterator = build_model(), make_iterator()
-    measurements, cap = [], limit
+
+    def __init__(self, model):
+        model.optimizer.build(model.trainable_variables)
+        unique = {id(v): v for v in [*model.variables, *model.optimizer.variables, model.optimizer.iterations]}
+        self.variables = list(unique.values())
+        self.values = [variable.numpy() for variable in self.variables]
+
+    def restore(self) -> None:
+        for variable, value in zip(self.variables, self.values):
+            variable.assign(value)
+
+
+def loop_function(model, iterator):
+    """Keras' multi-step train function of `model`, traced and compiled by one call of one step:
+    the one compilation that every candidate, and then training, use. `model` must be compiled
+    with steps_per_execution > 1 (1 makes Keras build a loop-less function instead)."""
+    if int(model.steps_per_execution.numpy()) < 2:
+        raise ValueError("calibration needs a model compiled with steps_per_execution > 1")
+    train_function = model.make_train_function()
+    model.steps_per_execution.assign(1)
+    train_function(iterator)["loss"].numpy()
+    return train_function
+
+
+def calibrate(
+    model,
+    iterator,
+    limit: int,
+    min_seconds: float = 0.5,
+    max_seconds_per_execution: float | None = None,
+    rounds: int = ROUNDS,
+    train_function=None,
+):
+    """Times each candidate on `model`; returns (chosen, all measurements), and leaves the chosen
+    value set on the model.
+
+    `train_function` is `loop_function`'s (compiled here when not given). The caller puts the
+    model's weights back (`Snapshot`). Each round times every candidate for `min_seconds` (at
+    least one execution); the first round also bounds the candidates by `max_seconds_per_execution`.
+    """
+    train_function = train_function or loop_function(model, iterator)
+    tried, timings, cap = [], {}, limit
     for value in candidates(limit):
         if value > cap:
             break
-        measurements.append(measure(model, iterator, value, min_seconds))
+        tried.append(value)
+        model.steps_per_execution.assign(value)
+        timings[value] = [_rate(train_function, iterator, value, min_seconds)]
         if max_seconds_per_execution:
             # Steps that fit in the time bound, at the latest (most amortised) measured rate.
-            cap = min(cap, max(1, int(max_seconds_per_execution * measurements[-1].steps_per_second)))
+            cap = min(cap, max(1, int(max_seconds_per_execution * timings[value][0])))
+    for _ in range(rounds - 1):
+        for value in tried:
+            model.steps_per_execution.assign(value)
+            timings[value].append(_rate(train_function, iterator, value, min_seconds))
+    measurements = [Measurement(value, statistics.median(timings[value]), timings[value]) for value in tried]
     chosen = choose(measurements)
-    del model, iterator
+    model.steps_per_execution.assign(chosen.steps_per_execution)
+    model.reset_metrics()
     return chosen, measurements
+
+
+# ----------------------------------------------------------------------------- the stored choice
+
+
+def setting(cfg, target, precision: str) -> dict:
+    """Everything that determines the choice: the task's model and data shape, the batch, the
+    candidates' bounds, where it runs and the TensorFlow build. Not the run directory, the data's
+    location or the seed: a run that differs only in those reuses the measurement."""
+    data = {key: value for key, value in asdict(cfg.data).items() if key not in ("dir", "raw")}
+    train = cfg.train
+    return {
+        "task": cfg.task,
+        "model": asdict(cfg.model),
+        "data": data,
+        "global_batch_size": train.global_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "optimizer": train.optimizer,
+        "limit": limit(train),
+        "max_seconds_per_execution": train.max_seconds_per_execution,
+        "strategy": target.kind,
+        "replicas": target.replicas,
+        "hosts": target.hosts,
+        "tpu_type": target.tpu_type,
+        "precision": precision,
+        "tensorflow": tf.__version__,
+    }
+
+
+def limit(train) -> int:
+    """The largest candidate: an execution never spans a log or checkpoint boundary, nor the run."""
+    return max(1, min(train.log_every, train.checkpoint_every, train.total_steps))
+
+
+def cache_dir(configured: str) -> str:
+    """`runtime.cache_dir`, or the user's cache folder ($XDG_CACHE_HOME, else ~/.cache) for this package."""
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, __name__.split(".")[0])
+
+
+def cache_path(directory: str, key: dict) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{directory.rstrip('/')}/steps_per_execution/{digest}.json"
+
+
+def record(key: dict, chosen: Measurement, measurements: list[Measurement]) -> dict:
+    """What is stored: the setting it holds for, the choice and every measurement."""
+    return {
+        "setting": key,
+        "steps_per_execution": chosen.steps_per_execution,
+        "measurements": [asdict(m) for m in measurements],
+    }
+
+
+def read_cache(path: str, key: dict) -> dict | None:
+    """The stored record for `key`, or None (absent, unreadable or for another setting)."""
+    try:
+        if not tf.io.gfile.exists(path):
+            return None
+        with tf.io.gfile.GFile(path) as handle:
+            stored = json.load(handle)
+    except (tf.errors.OpError, ValueError):
+        return None
+    return stored if isinstance(stored, dict) and stored.get("setting") == key else None
+
+
+def write_cache(path: str, stored: dict) -> None:
+    tf.io.gfile.makedirs(path.rsplit("/", 1)[0])
+    with tf.io.gfile.GFile(path, "w") as handle:
+        json.dump(stored, handle, indent=2)

@@ -21,7 +21,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, input_pipeline, precision, preemption, schedule, tasks
+from . import distribute, goodput, input_pipeline, precision, preemption, schedule, tasks
 from . import steps_per_execution as spe_lib
 from .errors import UserError, run_cli
 from .evaluate import describe, evaluate_model, run_path, write_eval_summaries, write_metrics
@@ -47,9 +47,14 @@ class TrainingMonitor(keras.callbacks.Callback):
         initial_step: int,
         evaluate=None,
         best_manager: tf.train.CheckpointManager | None = None,
+        clock: PhaseClock | None = None,
+        progress=None,
     ):
         super().__init__()
         self.cfg, self.manager, self.writer = cfg, manager, writer
+        # The clock books the first execution (tracing, compilation) apart from training; `progress`
+        # is called with the step at every log line, so a start killed without notice leaves it.
+        self.clock, self.progress = clock, progress
         self.evaluate, self.best_manager = evaluate, best_manager
         self.history: list[dict] = []
         self.eval_seconds = 0.0
@@ -84,6 +89,9 @@ class TrainingMonitor(keras.callbacks.Callback):
         if self.first_timed_time is None:  # the first execution includes tracing and compilation
             self.first_timed_step, self.first_timed_time = step, now
             self.last_log_step, self.last_log_time = step, now
+            if self.clock is not None:
+                self.clock.start("training")
+                print(self.clock.describe_first_step(), flush=True)
         loss = float(logs["loss"])
         if not math.isfinite(loss):
             self.nan_step = step
@@ -163,6 +171,8 @@ class TrainingMonitor(keras.callbacks.Callback):
                 tf.summary.scalar("steps_per_second", rate, step=step)
                 tf.summary.scalar("examples_per_second", examples, step=step)
         self.writer.flush()
+        if self.progress is not None:
+            self.progress(step)
         # Keras reports running means since fit() started (one long epoch here): restart them so that
         # each logged loss and metric covers the last log_every steps only.
         self.model.reset_metrics()
@@ -213,25 +223,47 @@ def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, s
 
 
 def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
-    """(`train.steps_per_execution`, the measurements): measured when it is `auto`."""
-    if cfg.train.steps_per_execution != "auto":
+    """(`train.steps_per_execution`, the measurements): measured on a model of its own when it is
+    `auto` (benchmarks and tests; a run calibrates the model it trains, in `train`)."""
+    if not config_lib.is_auto(cfg.train.steps_per_execution):
         return int(cfg.train.steps_per_execution), []
-    limit = max(1, min(cfg.train.log_every, cfg.train.checkpoint_every, cfg.train.total_steps))
+    with resolved.strategy.scope():
+        model = compile_model(build_model(cfg, manifest), cfg.train, max(2, spe_lib.limit(cfg.train)))
+    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
+    chosen, measurements = calibrate(cfg, model, iter(dataset))
+    return chosen.steps_per_execution, measurements
 
-    def build():
-        with resolved.strategy.scope():
-            return compile_model(build_model(cfg, manifest), cfg.train, 1)
 
-    def iterator():
-        return iter(training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed))
-
-    print(f"calibrating steps_per_execution (candidates up to {limit}):", flush=True)
-    chosen, measurements = spe_lib.calibrate(
-        build, iterator, limit, max_seconds_per_execution=cfg.train.max_seconds_per_execution
+def calibrate(cfg: config_lib.Config, model: keras.Model, iterator, train_function=None):
+    """Measures the candidates on `model` (compiled with steps_per_execution > 1; `train_function`
+    from spe_lib.loop_function, if already compiled) and prints why it chose what it chose;
+    returns (chosen, measurements)."""
+    limit = spe_lib.limit(cfg.train)
+    print(
+        f"calibrating steps_per_execution (candidates up to {limit}, median of {spe_lib.ROUNDS} rounds each):",
+        flush=True,
     )
+    chosen, measurements = spe_lib.calibrate(
+        model,
+        iterator,
+        limit,
+        max_seconds_per_execution=cfg.train.max_seconds_per_execution,
+        train_function=train_function,
+    )
+    best = max(m.steps_per_second for m in measurements)
     for m in measurements:
         mark = "  <- chosen" if m is chosen else ""
-        print(f"  steps_per_execution {m.steps_per_execution:4d}: {m.steps_per_second:8.2f} steps/s{mark}", flush=True)
+        rounds = ", ".join(f"{rate:.2f}" for rate in m.rounds)
+        print(
+            f"  steps_per_execution {m.steps_per_execution:4d}: {m.steps_per_second:8.2f} steps/s "
+            f"(rounds {rounds}){mark}",
+            flush=True,
+        )
+    print(
+        f"  chose {chosen.steps_per_execution}: the largest within {spe_lib.TOLERANCE:.0%} of the fastest "
+        f"({best:.2f} steps/s)",
+        flush=True,
+    )
     skipped = [value for value in spe_lib.candidates(limit) if value > measurements[-1].steps_per_execution]
     if skipped:
         print(
@@ -239,7 +271,20 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifes
             f"train.max_seconds_per_execution={cfg.train.max_seconds_per_execution:g} s)",
             flush=True,
         )
-    return chosen.steps_per_execution, measurements
+    return chosen, measurements
+
+
+def stored_calibration(cfg: config_lib.Config, key: dict, run_metrics: dict) -> tuple[dict | None, str]:
+    """(the stored choice for this setting, where it was found): the run's own metrics.json first
+    (a resume), then the cache (a rerun, or a new run with the same setting)."""
+    if cfg.train.steps_per_execution == spe_lib.FRESH:
+        return None, ""
+    own = run_metrics.get("calibration")
+    if isinstance(own, dict) and own.get("setting") == key:
+        return own, "this run's metrics.json"
+    path = spe_lib.cache_path(spe_lib.cache_dir(cfg.runtime.cache_dir), key)
+    cached = spe_lib.read_cache(path, key)
+    return cached, (f"the cache {path}" if cached else "")
 
 
 def restore_newest_readable(checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> str | None:
@@ -283,6 +328,18 @@ class PhaseClock:
         self.seconds[source] = self.seconds.get(source, 0.0) - seconds
         self.seconds[destination] = self.seconds.get(destination, 0.0) + seconds
 
+    def so_far(self) -> dict[str, float]:
+        """The seconds of each phase, the current one up to now."""
+        seconds = dict(self.seconds)
+        seconds[self.current] = seconds.get(self.current, 0.0) + time.perf_counter() - self.started
+        return {name: round(value, 2) for name, value in seconds.items() if name != "done"}
+
+    def describe_first_step(self) -> str:
+        parts = {name: self.seconds[name] for name in goodput.BEFORE_FIRST_STEP if self.seconds.get(name)}
+        return f"time to first step {sum(parts.values()):.1f} s: " + ", ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in parts.items()
+        )
+
     def report(self) -> str:
         self.start("done")
         return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
@@ -291,8 +348,11 @@ class PhaseClock:
 def train(cfg: config_lib.Config) -> dict:
     """Runs (or resumes) training and the final evaluation; returns the metrics."""
     clock = PhaseClock()
+    clock.start("strategy")
     resolved = distribute.resolve(cfg.runtime)
+    clock.start("data check")
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    clock.start("start-up")
     per_replica = resolved.per_replica_batch_size(cfg.train.global_batch_size)
     # config.yaml and metrics.json record the precision that ran, not `auto`.
     chosen_precision = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
@@ -321,33 +381,89 @@ def train(cfg: config_lib.Config) -> dict:
     # Checkpoints are numbered by step. A finished run is only evaluated again: no calibration, and
     # its config.yaml keeps describing the training that produced it.
     latest = tf.train.latest_checkpoint(run_path(output_dir, "checkpoints"))
-    if latest is not None and int(latest.rsplit("-", 1)[1]) >= cfg.train.total_steps:
-        if cfg.train.steps_per_execution == "auto":
-            cfg.train.steps_per_execution = 1
-    else:
-        clock.start("calibration")
-        cfg.train.steps_per_execution, _ = choose_steps_per_execution(cfg, resolved, manifest)
-        clock.start("start-up")
-        with tf.io.gfile.GFile(run_path(output_dir, "config.yaml"), "w") as handle:
-            handle.write(config_lib.dump(cfg))
+    finished = latest is not None and int(latest.rsplit("-", 1)[1]) >= cfg.train.total_steps
+    auto = config_lib.is_auto(cfg.train.steps_per_execution)
+    run_metrics = read_metrics(output_dir)
+    calibration, found_in = None, ""
+    if auto and not finished:
+        key = spe_lib.setting(cfg, resolved, cfg.runtime.mixed_precision)
+        calibration, found_in = stored_calibration(cfg, key, run_metrics)
+    if not auto:
+        compiled_spe = int(cfg.train.steps_per_execution)
+    elif finished:
+        compiled_spe = 1
+    elif calibration:
+        compiled_spe = calibration["steps_per_execution"]
+    else:  # to be measured: Keras' loop over the steps_per_execution variable, one compilation for all
+        compiled_spe = max(2, spe_lib.limit(cfg.train))
 
+    clock.start("model build")
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg.train, cfg.train.steps_per_execution)
+        model = compile_model(build_model(cfg, manifest), cfg.train, compiled_spe)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(
         checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
     )
     # The best periodic evaluation's checkpoint, in its own folder: the rotation above never deletes it.
     best_manager = tf.train.CheckpointManager(checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1)
+    clock.start("restore")
     restore_newest_readable(checkpoint, manager)
     initial_step = int(model.optimizer.iterations.numpy())
+    clock.start("start-up")
     print(f"resumed from step {initial_step}" if initial_step else "starting from step 0", flush=True)
+    remaining = cfg.train.total_steps - initial_step
+    # A new seed per start, so a resumed run does not replay the batches it already saw.
+    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed + initial_step) if remaining > 0 else None
+
+    if auto and not finished:
+        if calibration:
+            print(
+                f"steps_per_execution {calibration['steps_per_execution']}: reusing the calibration in {found_in} "
+                f"(no candidate compiled; train.steps_per_execution={spe_lib.FRESH} measures again)",
+                flush=True,
+            )
+        else:
+            with resolved.strategy.scope():
+                # The candidates run on the model that is trained: its restored (or initial) state is
+                # put back afterwards. Compiling the loop is booked as the first execution: training
+                # reuses it, and a start that reuses a stored choice pays it in fit() instead.
+                snapshot = spe_lib.Snapshot(model)
+                clock.start("first execution")
+                iterator = iter(dataset)
+                train_function = spe_lib.loop_function(model, iterator)
+                clock.start("calibration")
+                chosen, measurements = calibrate(cfg, model, iterator, train_function)
+                snapshot.restore()
+                del iterator
+            calibration = spe_lib.record(key, chosen, measurements)
+            cache = spe_lib.cache_path(spe_lib.cache_dir(cfg.runtime.cache_dir), key)
+            spe_lib.write_cache(cache, calibration)
+            print(f"  stored in this run's metrics.json and in {cache}", flush=True)
+            clock.start("start-up")
+        cfg.train.steps_per_execution = calibration["steps_per_execution"]
+        model.steps_per_execution.assign(cfg.train.steps_per_execution)
+    elif finished and auto:
+        cfg.train.steps_per_execution = 1
+    if not finished:
+        with tf.io.gfile.GFile(run_path(output_dir, "config.yaml"), "w") as handle:
+            handle.write(config_lib.dump(cfg))
     print(
         f"steps_per_execution {cfg.train.steps_per_execution}; checkpoints every {cfg.train.checkpoint_every} "
         f"steps to {manager.directory}"
         + (f"; evaluation every {cfg.train.eval_every} steps" if cfg.train.eval_every else ""),
         flush=True,
     )
+
+    # This start's entry in the goodput record, rewritten as it goes (see goodput.py).
+    earlier_starts = run_metrics.get("goodput", {}).get("per_start", [])
+    this_start = {"initial_step": initial_step, "furthest_step": initial_step, "end": "running"}
+
+    def record_progress(step: int, end: str = "running") -> dict:
+        this_start.update(furthest_step=step, phase_seconds=clock.so_far(), end=end)
+        record = goodput.summarize([*earlier_starts, this_start])
+        extra = {"calibration": calibration} if calibration else {}
+        write_metrics(output_dir, {**read_metrics(output_dir), **extra, "goodput": record})
+        return record
 
     if cfg.runtime.profiler_port:
         tf.profiler.experimental.server.start(cfg.runtime.profiler_port)
@@ -361,6 +477,8 @@ def train(cfg: config_lib.Config) -> dict:
         initial_step,
         evaluate=lambda: evaluate_model(model, resolved.strategy, cfg, manifest),
         best_manager=best_manager,
+        clock=clock,
+        progress=record_progress,
     )
     monitor.history = [entry for entry in read_metrics(output_dir).get("history", []) if entry["step"] <= initial_step]
     # Installed after the strategy: initialising a TPU (libtpu) installs signal handlers of its own,
@@ -368,12 +486,9 @@ def train(cfg: config_lib.Config) -> dict:
     previous_handler = signal.signal(signal.SIGTERM, monitor.request_stop)
     watcher = preemption.MetadataWatcher(monitor.notice, interval=cfg.runtime.metadata_poll_seconds)
     watcher.start()
-    clock.start("training")
+    clock.start("first execution" if remaining > 0 else "training")
     try:
-        remaining = cfg.train.total_steps - initial_step
         if remaining > 0:
-            # A new seed per start, so a resumed run does not replay the batches it already saw.
-            dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed + initial_step)
             model.fit(dataset, epochs=1, steps_per_epoch=remaining, callbacks=[monitor], verbose=0)
     finally:
         watcher.stop()
@@ -406,7 +521,9 @@ def train(cfg: config_lib.Config) -> dict:
         )
         if monitor.history:
             write_metrics(output_dir, {**read_metrics(output_dir), **summarize_history(monitor)})
+        record = record_progress(step, end="preempted")
         print(f"timings: {clock.report()}", flush=True)
+        print(goodput.describe(record, cfg.train.steps_per_execution), flush=True)
         sys.exit(PREEMPTED_EXIT_STATUS)
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[-1]) != step:
         monitor.save(step)
@@ -429,9 +546,11 @@ def train(cfg: config_lib.Config) -> dict:
         write_eval_summaries(output_dir, metrics, step)
     clock.start("export")
     export_dir = export(model, output_dir, manifest, cfg.data.dir)
-    timings = clock.report()
-    metrics["phase_seconds"] = {name: round(seconds, 2) for name, seconds in clock.seconds.items() if name != "done"}
+    metrics["phase_seconds"] = clock.so_far()
+    metrics["time_to_first_step_seconds"] = round(goodput.time_to_first_step(metrics["phase_seconds"]), 2)
     write_metrics(output_dir, {**previous, **metrics})
+    record = record_progress(step, end="finished")
+    timings = clock.report()
     headline = tasks.current().headline_metric
     best = f" (best {metrics[f'best_{headline}']:.4f} at step {metrics['best_step']})" if "best_step" in metrics else ""
     print(
@@ -441,7 +560,8 @@ def train(cfg: config_lib.Config) -> dict:
         flush=True,
     )
     print(f"timings: {timings}", flush=True)
-    return metrics
+    print(goodput.describe(record, cfg.train.steps_per_execution), flush=True)
+    return {**metrics, "goodput": record}
 
 
 def summarize_history(monitor: TrainingMonitor) -> dict:

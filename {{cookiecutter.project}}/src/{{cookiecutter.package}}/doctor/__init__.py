@@ -42,6 +42,8 @@ Input pipeline ("Static shapes", "Input pipeline performance", "Storage"):
 Training loop ("Host-device round trips", steps_per_execution of the TPU training loop):
   train.steps_per_execution several steps per call into the device, more when the step is short
   train.execution_boundaries logs and checkpoints happen only between executions
+  train.goodput             the last run's wall time over all its starts: warns when one loss (calibration,
+                            compilation, repeated steps, evaluation, ...) exceeds a quarter of it
 The TPU VM (TPU VM troubleshooting; SKIP anywhere else):
   tpu.devices               the TPU device files (/dev/accel*, /dev/vfio/<n>) are there
   tpu.software              tensorflow-tpu at the pinned version, and libtpu, are installed

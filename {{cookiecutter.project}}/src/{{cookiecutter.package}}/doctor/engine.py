@@ -172,6 +172,8 @@ class RunHistory:
     global_batch_size: int | None = None
     examples_per_second: float | None = None
     checkpoint_save_seconds: float | None = None
+    goodput: dict | None = None
+    """The goodput record over every start of the run (goodput.py), if it has one."""
 
     @property
     def step_seconds(self) -> float | None:
@@ -200,11 +202,13 @@ def read_run_history(output_dir: str) -> RunHistory:
     spe = train.get("steps_per_execution")
     metrics = metrics if isinstance(metrics, dict) else {}
     eps, save = metrics.get("examples_per_second"), metrics.get("checkpoint_save_seconds")
+    record = metrics.get("goodput")
     return RunHistory(
         spe if isinstance(spe, int) else None,
         train.get("global_batch_size"),
         float(eps) if isinstance(eps, (int, float)) else None,
         float(save) if isinstance(save, (int, float)) else None,
+        record if isinstance(record, dict) and isinstance(record.get("phase_seconds"), dict) else None,
     )
 
 

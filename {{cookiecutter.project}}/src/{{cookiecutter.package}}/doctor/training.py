@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .. import config as config_lib
+from .. import goodput
 from .engine import (
     PREEMPTION_GRACE_SECONDS,
     MIN_SPE_FOR_SHORT_STEPS,
@@ -21,10 +23,11 @@ def train_steps_per_execution(ctx: Context) -> Verdict:
     spe, history = ctx.cfg.train.steps_per_execution, ctx.history
     step = history.step_seconds
     measured = f"; the run in {ctx.cfg.runtime.output_dir} measured {step * 1000:.1f} ms per step" if step else ""
-    if spe == "auto":
+    if config_lib.is_auto(spe):
         chosen = f"; its last run chose {history.steps_per_execution}" if history.steps_per_execution else ""
         return passed(
-            f"auto: measured at start-up among 1, 4, 16 ... up to min(log_every, checkpoint_every){chosen}{measured}"
+            f"{spe}: measured once per setting among 1, 4, 16 ... up to min(log_every, checkpoint_every), "
+            f"then reused{chosen}{measured}"
         )
     if spe == 1:
         return warn(
@@ -43,8 +46,8 @@ def train_steps_per_execution(ctx: Context) -> Verdict:
 def train_execution_boundaries(ctx: Context) -> Verdict:
     train = ctx.cfg.train
     spe = train.steps_per_execution
-    if spe == "auto":
-        return passed(f"auto stays within log_every={train.log_every} and checkpoint_every={train.checkpoint_every}")
+    if config_lib.is_auto(spe):
+        return passed(f"{spe} stays within log_every={train.log_every} and checkpoint_every={train.checkpoint_every}")
     verdicts = []
     for key, every in (("log_every", train.log_every), ("checkpoint_every", train.checkpoint_every)):
         what = "logs" if key == "log_every" else "checkpoints"
@@ -89,3 +92,26 @@ def train_preemption_window(ctx: Context) -> Verdict:
             "(or a smaller train.steps_per_execution), and keep checkpoints on a fast bucket in the region",
         )
     return passed(f"{found} (within {PREEMPTION_GRACE_SECONDS} s)")
+
+
+# One loss above this share of a run's wall time is worth a change of config.
+GOODPUT_LOSS_SHARE = 0.25
+
+
+@rule("train.goodput")
+def train_goodput(ctx: Context) -> Verdict:
+    """Where the last run's wall time went over all its starts: the largest loss besides productive
+    training (calibration, compilation at every start, steps repeated after a restart, ...)."""
+    record = ctx.history.goodput
+    if not record:
+        return skip(f"no run in {ctx.cfg.runtime.output_dir} with a goodput record in its metrics.json")
+    name, share = goodput.largest_loss(record)
+    summary = goodput.describe(record, ctx.history.steps_per_execution)
+    if share > GOODPUT_LOSS_SHARE:
+        starts = record["starts"]
+        return warn(
+            f"{name} is {share:.0%} of the last run's {record['wall_seconds']:.0f} s over {starts} "
+            f"start{'s' if starts != 1 else ''} ({record['productive_share']:.0%} productive training)",
+            goodput.FIXES.get(name, f"shorten {name}").format(spe=ctx.history.steps_per_execution),
+        )
+    return passed(summary)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...keras import keras
+from .stem import stem_stride
 
 if TYPE_CHECKING:
     from .task import ImageModelConfig as ModelConfig
@@ -46,10 +47,11 @@ def build_model(config: ModelConfig, image_size: int, num_classes: int) -> keras
     x = layers.Rescaling(1.0 / 127.5, offset=-1.0, name="rescale")(images)
     # A kernel at least as wide as the stride, so that no pixel is skipped (a 4x4 kernel at
     # stride 4 is ConvNeXt's "patchify" stem).
+    stride = stem_stride(config, image_size)
     x = layers.Conv2D(
         config.widths[0],
-        max(3, config.stem_stride),
-        strides=config.stem_stride,
+        max(3, stride),
+        strides=stride,
         padding="same",
         use_bias=False,
         name="stem_conv",

@@ -17,7 +17,7 @@ import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Literal, Sequence, Union
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from ... import config as config_lib
 from ...errors import UserError
 from ...task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
 from ..classification import ClassificationTask
-from . import csv_index, features, sample_data
+from . import csv_index, features, sample_data, stem
 
 # Example proto and TFRecord framing around the pixels, for sizing shards.
 RECORD_OVERHEAD_BYTES = 64
@@ -72,17 +72,17 @@ class ImageModelConfig:
     sync_batch_norm: bool = False
     """Compute batch-norm statistics across all replicas instead of per replica. Worth it when
     the per-replica batch is small (under ~32), at the cost of one all-reduce per layer."""
-    stem_stride: int = 1
-    """Stride of the first convolution. 1 keeps full resolution for small images (the 32 px
-    sample); 2 or 4 from ~128 px (ImageNet ResNets reduce 4x before the first stage), which
-    divides the compute of every later layer by its square."""
+    stem_stride: Union[int, Literal["auto"]] = "auto"
+    """Stride of the first convolution, which divides the compute of every later layer by its
+    square. `auto` (see stem.py) takes it from data.image_size: 1 at 32 px, 2 around 64 px, 4 from
+    128 px (ImageNet ResNets reduce 4x before the first stage); a number is used as given."""
 
     def problem(self) -> str | None:
         if not self.widths or min(self.widths) < 1:
             return f"model.widths must be a non-empty list of positive integers, got {self.widths}"
         if self.blocks_per_stage < 1:
             return f"model.blocks_per_stage must be at least 1, got {self.blocks_per_stage}"
-        if self.stem_stride < 1:
+        if self.stem_stride != "auto" and self.stem_stride < 1:
             return f"model.stem_stride must be at least 1, got {self.stem_stride}"
         return None
 
@@ -201,6 +201,7 @@ class ImageClassificationTask(ClassificationTask):
     def build_model(self, model: ImageModelConfig, manifest: dict):
         from .model import build_model  # imports TensorFlow: not needed to read a config
 
+        print(stem.describe(model, manifest["image_size"]), flush=True)
         return build_model(model, manifest["image_size"], manifest["num_classes"])
 
     # --------------------------------------------------------------- serving
@@ -262,6 +263,9 @@ class ImageClassificationTask(ClassificationTask):
     def width_fix(self, model: ImageModelConfig, quantum: int) -> str:
         widths = ",".join(str(max(quantum, math.ceil(width / quantum) * quantum)) for width in model.widths)
         return f"model.widths=[{widths}]"
+
+    def doctor_rules(self) -> list:
+        return stem.rules()
 
 
 def _one_image_per_class(raw: Path, scratch: Path) -> list[str]:

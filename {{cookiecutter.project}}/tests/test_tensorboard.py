@@ -1,0 +1,85 @@
+"""`make tensorboard` listens on this machine only (TensorBoard has no authentication) unless
+BIND_ALL=1; `make tpu-tunnel` is how a laptop reaches a TPU VM's TensorBoard and profiler."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PROJECT
+
+LISTEN = "0A"  # the TCP state in /proc/net/tcp*
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses listening on `port`, as /proc/net/tcp and tcp6 write them (hex)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == LISTEN and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+LOOPBACK_V4 = "0100007F"  # 127.0.0.1, little-endian
+ANY = {"00000000", "0" * 32}  # 0.0.0.0 and ::
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the listening sockets from Linux's /proc")
+@pytest.mark.parametrize("bind_all", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_tensorboard_listens_on_loopback_unless_bind_all(tmp_path, bind_all):
+    port = free_port()
+    (tmp_path / "logs").mkdir()
+    command = ["make", "--no-print-directory", "tensorboard", f"VENV={sys.prefix}", f"TENSORBOARD_PORT={port}"]
+    command += [f"RUN_DIR={tmp_path}", *(["BIND_ALL=1"] if bind_all else [])]
+    server = subprocess.Popen(
+        command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not listening_addresses(port):
+            assert server.poll() is None, server.stdout.read()
+            assert time.monotonic() < deadline, f"nothing listens on port {port}"
+            time.sleep(0.5)
+        time.sleep(1)  # TensorBoard may open its IPv6 and IPv4 sockets one after the other
+        addresses = listening_addresses(port)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        output = server.communicate(timeout=60)[0]
+    if bind_all:
+        assert addresses & ANY, addresses
+        assert "warning: BIND_ALL=1 serves" in output
+    else:
+        assert addresses == {LOOPBACK_V4}, addresses
+        assert "warning" not in output
+
+
+def test_the_tunnel_forwards_tensorboard_and_profiler_ports():
+    result = subprocess.run(
+        ["make", "--no-print-directory", "tpu-tunnel", "DRY_RUN=1", "TENSORBOARD_PORT=6007", "PROFILER_PORT=9013"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    [command] = [line.split() for line in result.stdout.splitlines() if line.startswith("gcloud")]
+    assert command[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
+    forwarded = command[command.index("--") + 1 :]
+    assert forwarded == ["-L", "6007:localhost:6007", "-L", "9013:localhost:9013"]
