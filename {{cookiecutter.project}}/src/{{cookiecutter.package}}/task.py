@@ -165,8 +165,8 @@ class Task:
 
     def pack(self, split: str, records: Sequence[bytes], data: Any) -> tuple[list[bytes], dict]:
         """The records one shard writes, from its encoded examples in their stable order: by default
-        the examples themselves. A task whose records span several examples (a language model
-        packing documents into fixed windows) returns its own, and additive statistics of them
+        the examples themselves. A task whose records span several examples (documents packed
+        into fixed windows of tokens) returns its own, and additive statistics of them
         (e.g. {'train_windows': 9}) that join the encode statistics handed to `manifest_fields`.
         The manifest's and the input pipeline's example counts are the records returned here."""
         return list(records), {}

@@ -6,7 +6,7 @@ Preprocessing trains a unigram model on the train split (`fit`) and writes it be
 The manifest holds its sha256, so training refuses shards whose tokenizer was replaced.
 
 Id 0 is padding and id 1 the unknown piece. With `end_of_document` the model also reserves id 2
-for the end of a document, which a language model learns to predict; a classifier pools the whole
+for the end of a document, which a next-token model learns to predict; a classifier pools the whole
 sequence and needs none.
 """
 
