@@ -243,7 +243,15 @@ class WriteShard(beam.DoFn):
         path = join(self.temp_dir, f"{split}-shard-{shard:05d}{shard_suffix(self.compression)}")
         count, size = write_tfrecords(path, records, self.compression)
         self.written.inc(count)
-        yield {"split": split, "shard": shard, "path": path, "num_examples": count, "bytes": size, "stats": stats}
+        yield {
+            "split": split,
+            "shard": shard,
+            "path": path,
+            "num_examples": count,
+            "num_sources": len(pairs),
+            "bytes": size,
+            "stats": stats,
+        }
 
 
 def finalize(
@@ -286,6 +294,8 @@ def finalize(
         destinations += [join(output, name) for name in names]
         splits[split] = {
             "num_examples": sum(s["num_examples"] for s in written),
+            # the encoded raw examples: the records themselves, unless the task packs several into one
+            "num_sources": sum(s["num_sources"] for s in written),
             "files": names,
             "examples_per_file": [s["num_examples"] for s in written],
             "bytes": sum(s["bytes"] for s in written),
