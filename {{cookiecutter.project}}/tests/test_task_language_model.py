@@ -237,3 +237,25 @@ def test_a_prompt_longer_than_the_window_keeps_its_end():
     window, length = generate.prompt_window(list(range(3, 40)), 8)
     assert (window, length) == (list(range(32, 40)), 8)
     assert generate.prompt_window([], 4) == ([tokenizer.EOS_ID, 0, 0, 0], 1)
+
+
+def test_doctor_checks_the_window_on_the_tile_grid_and_the_packing():
+    from types import SimpleNamespace
+
+    from {{ cookiecutter.package }}.tasks.language_model.task import packing_rule
+
+    rules = dict(TASK.doctor_rules())
+    tpu = SimpleNamespace(kind="tpu")
+    cfg = SimpleNamespace(data=SimpleNamespace(seq_len=200, vocab_size=1000))
+    assert rules["data.seq_len_tiles"](cfg, tpu, None)[0] == "warn"
+    assert rules["model.embedding_rows"](cfg, tpu, {"vocab_size": 900})[0] == "pass"
+
+    def packed(share):
+        split = {"documents": 10, "windows": 4, "tokens": 500, "padding_share": share}
+        return {"seq_len": 128, "packing": {"train": split, "eval": split}}
+
+    assert packing_rule(cfg, tpu, None)[0] == "skip"
+    status, message, _ = packing_rule(cfg, tpu, packed(0.02))
+    assert status == "pass" and "2.0% padding" in message
+    status, _, fix = packing_rule(cfg, tpu, packed(0.3))
+    assert status == "warn" and "--num_shards" in fix
