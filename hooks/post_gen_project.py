@@ -23,12 +23,23 @@ TASK = "{{ cookiecutter.task }}"
 PACKAGE = "{{ cookiecutter.package }}"
 
 
+SHARED = {
+    "text": ("text_classification", "language_model"),
+    "classification.py": ("image_classification", "text_classification"),
+}
+"""What several tasks share under tasks/ (not a task itself), and the tasks that use it."""
+
+
 def prune_other_tasks(project: Path) -> None:
-    """Removes the other tasks' packages and tests; tasks/_skeleton (what `make new-task` copies)
-    and the modules beside the packages stay."""
-    for folder in (project / "src" / PACKAGE / "tasks").iterdir():
-        if folder.is_dir() and folder.name != TASK and not folder.name.startswith("_"):
-            shutil.rmtree(folder)
+    """Removes the other tasks' packages and tests, and what only other tasks share; tasks/_skeleton
+    (what `make new-task` copies) and the core modules beside the packages stay."""
+    for path in (project / "src" / PACKAGE / "tasks").iterdir():
+        if path.name in SHARED:
+            keep = TASK in SHARED[path.name]
+        else:
+            keep = not path.is_dir() or path.name == TASK or path.name.startswith("_")
+        if not keep:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     for test in (project / "tests").glob("test_task_*.py"):
         if test.name != f"test_task_{TASK}.py":
             test.unlink()

@@ -20,7 +20,7 @@ ANSWERS = {
     "task": {{ cookiecutter.task | tojson }},
 }
 
-TASKS = ("image_classification", "text_classification")
+TASKS = ("image_classification", "text_classification", "language_model")
 # Accelerator types: generation, then the number of TensorCores (v2-v4, v5p) or chips (v5e, v6e).
 TPU_TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(1|4|8|16|32|64|128|256|512|1024|2048|4096|8192)$")
 

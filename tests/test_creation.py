@@ -24,7 +24,7 @@ EXPECTED_FILES = {
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
         "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
         "new_task", "precision", "predict", "preemption", "preprocess", "sample_data", "schedule",
-        "steps_per_execution", "task", "tasks/__init__", "tasks/classification", "topology", "train")),
+        "steps_per_execution", "task", "tasks/__init__", "topology", "train")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/local.yaml", "configs/tpu.yaml",
@@ -37,10 +37,20 @@ EXPECTED_FILES = {
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"
+# What several tasks share: the text tasks' tokenizer and readers, the classifiers' objective.
+SHARED = {"text": ("text_classification", "language_model"),
+          "classification.py": ("image_classification", "text_classification")}
+
+
+def package_files(name):
+    path = TASKS_DIR / name
+    files = [path] if path.is_file() else [p for p in path.rglob("*.py") if "__pycache__" not in p.parts]
+    return {f"src/{{package}}/tasks/{p.relative_to(TASKS_DIR)}" for p in files}
+
+
 TASK_FILES = {
-    task: {*(f"src/{{package}}/tasks/{task}/{path.relative_to(TASKS_DIR / task)}"
-             for path in (TASKS_DIR / task).rglob("*.py") if "__pycache__" not in path.parts),
-           f"tests/test_task_{task}.py"}
+    task: {*package_files(task), f"tests/test_task_{task}.py",
+           *(file for name, users in SHARED.items() if task in users for file in package_files(name))}
     for task in TASKS
 }
 

@@ -117,13 +117,14 @@ def test_text_project_tests_pass(set_up_project, text_project):
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("task", ["image_classification", "text_classification"])
-def test_slow_tier_passes(set_up_project, text_project, task):
+@pytest.mark.parametrize("task", ["image_classification", "text_classification", "language_model"])
+def test_slow_tier_passes(set_up_project, text_project, language_project, task):
     """Each bake's slow tier (`make test-full` less the TPU tests): resume after SIGTERM and after a
     metadata preemption notice, calibration, a gs:// run, NaN handling, accumulation through
     train.py, the sample's learnability. About 15 minutes per task on 2 cores, so `make test-release`
     runs it and `make test` does not."""
-    project = set_up_project if task == "image_classification" else text_project
+    project = {"image_classification": set_up_project, "text_classification": text_project,
+               "language_model": language_project}[task]
     result = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-q", "-m", "slow and not tpu", "tests"],
                             cwd=project, env=project_env(), capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
@@ -151,6 +152,45 @@ def test_text_end_to_end_reaches_the_promised_accuracy(set_up_project, text_proj
     texts = text_project / "to_classify.txt"
     texts.write_text("".join(" ".join(text.split()) + "\n" for _, _, text in examples))
     assert_predict_agrees_with_evaluation(metrics, examples, make(text_project, "predict", f"INPUT={texts}"))
+
+
+@pytest.fixture(scope="module")
+def language_project(tmp_path_factory):
+    """A language_model bake (installed into the shared virtualenv by the image bake's setup)."""
+    return bake(tmp_path_factory.mktemp("language"), task="language_model", gcp_project="acme-ml-research",
+                zone="us-central2-b", gcs_bucket="acme-tpu-data")
+
+
+@pytest.mark.release
+def test_language_project_tests_pass(set_up_project, language_project):
+    """The language model bake's fast tier (about 15 minutes on 2 cores: a release check)."""
+    output = make(language_project, "test", timeout=3600)
+    assert " passed" in output and " failed" not in output
+
+
+@pytest.mark.release
+def test_language_end_to_end_beats_the_unigram_baseline(set_up_project, language_project):
+    """The language model as a user runs it: data -> preprocess (tokenizer, packing) -> train -> eval ->
+    doctor -> predict, with configs/local.yaml as shipped; eval perplexity at most half the unigram one."""
+    make(language_project, "data")
+    make(language_project, "preprocess")
+    manifest = json.loads((language_project / "data/tfrecords/manifest.json").read_text())
+    assert manifest["rejected"]["count"] == 4 and manifest["tokenizer"]["eos_id"] == 2
+    assert manifest["packing"]["train"]["padding_share"] < 0.05
+    train = make(language_project, "train")
+    assert "MirroredStrategy on CPU, 8 replicas" in train
+    metrics = json.loads((language_project / "runs/local/metrics.json").read_text())
+    assert metrics["perplexity"] <= 0.5 * manifest["unigram_perplexity"], (metrics, manifest["unigram_perplexity"])
+    evaluate = make(language_project, "eval")
+    (perplexity,) = re.findall(r"eval perplexity ([0-9.]+)", evaluate)
+    assert float(perplexity) == pytest.approx(metrics["perplexity"], rel=1e-3)
+    doctor = make(language_project, "doctor")
+    assert "data.packing" in doctor and "0 failed" in doctor
+    prompts = language_project / "prompts.txt"
+    prompts.write_text("Mia was a little fox who\nEvery morning he walked to the\n")
+    predicted = [line.split("\t") for line in make(language_project, "predict", f"INPUT={prompts}").splitlines()]
+    rows = [row for row in predicted if len(row) == 2 and row[1].startswith("prompts.txt:")]
+    assert len(rows) == 2 and all(continuation.strip() for continuation, _ in rows)
 
 
 # The objective that replaces the scaffold's toy one in the test below: MSE still trains, and the

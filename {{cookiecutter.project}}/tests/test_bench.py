@@ -110,7 +110,7 @@ def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, 
     raw = tmp_path / "raw"
     shutil.copytree(raw_dir, raw)
     first = tasks.current().list_raw(str(raw)).units[0]
-    broken = raw / first.rsplit("/", 1)[0] / f"-empty{first[first.rindex('.') :]}"  # sorts first
+    broken = raw / first.rpartition("/")[0] / f"-empty{first[first.rindex('.') :]}"  # sorts first
     broken.write_bytes(b"")
     assert tasks.current().list_raw(str(raw)).units[0] == str(broken.relative_to(raw))
     output, figures = run_module(

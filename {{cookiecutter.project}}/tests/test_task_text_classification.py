@@ -18,7 +18,7 @@ import pytest
 from {{ cookiecutter.package }}.errors import UserError
 from {{ cookiecutter.package }}.task import RawExample, RawRejection, Rejected
 from {{ cookiecutter.package }}.tasks.text_classification import TASK, doctor_rules, sample_data, tokenizer
-from {{ cookiecutter.package }}.tasks.text_classification.config import TextDataConfig, TextModelConfig
+from {{ cookiecutter.package }}.tasks.text.config import TextDataConfig, TextModelConfig
 
 SEQ_LEN = 16
 

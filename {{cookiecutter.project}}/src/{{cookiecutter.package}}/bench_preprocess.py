@@ -73,7 +73,8 @@ def read_all(input_root: str, eval_fraction: float) -> list:
 
 
 def plain_loop(input_root: str, output: str, data, num_shards: int, compression: str) -> int:
-    """The same work as the pipeline, in one process; returns the number of records written."""
+    """The same work as the pipeline (the task's `pack` included), in one process; returns the number
+    of records written."""
     task = tasks.current()
     examples = read_all(input_root, data.eval_fraction)
     categories = preprocess.categories_of(task, (example for _, example in examples))
@@ -98,8 +99,8 @@ def plain_loop(input_root: str, output: str, data, num_shards: int, compression:
     written = 0
     for (split, shard), records in sorted(by_shard.items()):
         name = f"{split}-{shard:05d}-of-{num_shards:05d}{preprocess.shard_suffix(compression)}"
-        ordered = (record for _, record in sorted(records))
-        written += preprocess.write_tfrecords(preprocess.join(output, name), ordered, compression)[0]
+        packed, _ = task.pack(split, [record for _, record in sorted(records)], data)
+        written += preprocess.write_tfrecords(preprocess.join(output, name), packed, compression)[0]
     return written
 
 

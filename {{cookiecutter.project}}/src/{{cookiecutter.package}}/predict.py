@@ -42,7 +42,10 @@ def predict(run_dir: str, inputs: Sequence[str]) -> list[tuple[str, dict]]:
     tasks.select(manifest["task"], f"(the task of {export_dir})")
     task = tasks.current()
     names, batch = task.predict_inputs(inputs, export_dir, manifest)
-    outputs = {key: value.numpy() for key, value in serve(tf.nest.map_structure(tf.constant, batch)).items()}
+    batch = tf.nest.map_structure(tf.constant, batch)
+    # A signature of several inputs takes them by name (the task's batch is then a dict of them).
+    served = serve(**batch) if isinstance(batch, dict) else serve(batch)
+    outputs = {key: value.numpy() for key, value in served.items()}
     return list(zip(names, task.predictions(outputs, export_dir, manifest)))
 
 

@@ -9,7 +9,8 @@ listed and read, how one example is encoded, and, when it needs one, what is lea
 train split first (a tokenizer). The steps:
 
     list RAW (driver) -> read files -> split by stable hash -> [fit on a bounded train sample]
-    -> encode each example -> group by shard -> write shards -> finalize (manifest last)
+    -> encode each example -> group by shard -> [the task packs a shard's examples into records]
+    -> write shards -> finalize (manifest last)
 
 A raw input that cannot become an example (empty, truncated, not decodable, malformed) is
 rejected with its source and reason into rejected.jsonl and counted by reason in the manifest and
@@ -226,9 +227,11 @@ def shard_suffix(compression: str) -> str:
 
 
 class WriteShard(beam.DoFn):
-    """Writes one shard, in the order of `order_key`, into the temporary folder."""
+    """Writes one shard, in the order of `order_key`, into the temporary folder: the records the
+    task's `pack` makes of the shard's examples (by default the examples themselves)."""
 
-    def __init__(self, temp_dir: str, compression: str):
+    def __init__(self, task, data, temp_dir: str, compression: str):
+        self.task, self.data = task, data
         self.temp_dir = temp_dir
         self.compression = compression
         self.written = Metrics.counter(NAMESPACE, "written")
@@ -236,10 +239,19 @@ class WriteShard(beam.DoFn):
     def process(self, element):
         (split, shard), groups = element
         pairs = sorted(pair for group in groups for pair in group)
+        records, stats = self.task.pack(split, [record for _, record in pairs], self.data)
         path = join(self.temp_dir, f"{split}-shard-{shard:05d}{shard_suffix(self.compression)}")
-        count, size = write_tfrecords(path, (record for _, record in pairs), self.compression)
+        count, size = write_tfrecords(path, records, self.compression)
         self.written.inc(count)
-        yield {"split": split, "shard": shard, "path": path, "num_examples": count, "bytes": size}
+        yield {
+            "split": split,
+            "shard": shard,
+            "path": path,
+            "num_examples": count,
+            "num_sources": len(pairs),
+            "bytes": size,
+            "stats": stats,
+        }
 
 
 def finalize(
@@ -282,6 +294,8 @@ def finalize(
         destinations += [join(output, name) for name in names]
         splits[split] = {
             "num_examples": sum(s["num_examples"] for s in written),
+            # the encoded raw examples: the records themselves, unless the task packs several into one
+            "num_sources": sum(s["num_sources"] for s in written),
             "files": names,
             "examples_per_file": [s["num_examples"] for s in written],
             "bytes": sum(s["bytes"] for s in written),
@@ -304,7 +318,7 @@ def finalize(
         "source": input_root,
         "splits": splits,
         "feature_spec": task.feature_spec(data),
-        **task.manifest_fields(data, artifacts, sum_stats(stats), categories),
+        **task.manifest_fields(data, artifacts, sum_stats([*stats, *(s["stats"] for s in shards)]), categories),
         "eval_fraction": data.eval_fraction,
         "compression": compression,
         "artifacts": sorted(artifacts),
@@ -390,7 +404,7 @@ def build_pipeline(
     written = (
         encoded.records
         | "GroupByShard" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(temp_dir, compression))
+        | "WriteShards" >> beam.ParDo(WriteShard(task, data, temp_dir, compression))
     )
     rejected = (read.rejected, encoded.rejected) | "AllRejected" >> beam.Flatten()
     _ = (

@@ -180,8 +180,10 @@ def setting(cfg, target, precision: str) -> dict:
 
 
 def limit(train) -> int:
-    """The largest candidate: an execution never spans a log or checkpoint boundary, nor the run."""
-    return max(1, min(train.log_every, train.checkpoint_every, train.total_steps))
+    """The largest candidate: an execution never spans a log, checkpoint or evaluation boundary, nor
+    the run (the monitor acts only between executions)."""
+    bounds = [train.log_every, train.checkpoint_every, train.total_steps]
+    return max(1, min(bounds + ([train.eval_every] if train.eval_every else [])))
 
 
 def cache_dir(configured: str) -> str:

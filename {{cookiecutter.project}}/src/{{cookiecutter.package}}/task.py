@@ -6,7 +6,7 @@ the benchmarks) is shared and imports no task code; it reaches the task through 
 
 A task is a package under `tasks/` whose `TASK` object implements `Task`:
 
-    preprocessing (Beam workers)  list_raw -> read_raw -> [fit] -> encode
+    preprocessing (Beam workers)  list_raw -> read_raw -> [fit] -> encode -> [pack]
     input (tf.data)               check_manifest, parse_batch, padding_record, synthetic_batch
     model                         build_model
     objective                     loss, metrics, headline_metric, higher_is_better
@@ -162,6 +162,14 @@ class Task:
         `Rejected` for an input that does not decode. `categories` are the sorted category names
         (with `categorical_targets`; empty otherwise)."""
         raise NotImplementedError
+
+    def pack(self, split: str, records: Sequence[bytes], data: Any) -> tuple[list[bytes], dict]:
+        """The records one shard writes, from its encoded examples in their stable order: by default
+        the examples themselves. A task whose records span several examples (documents packed
+        into fixed windows of tokens) returns its own, and additive statistics of them
+        (e.g. {'train_windows': 9}) that join the encode statistics handed to `manifest_fields`.
+        The manifest's and the input pipeline's example counts are the records returned here."""
+        return list(records), {}
 
     def feature_spec(self, data: Any) -> dict:
         """JSON description of an example: written into the manifest, compared at start-up."""

@@ -400,6 +400,10 @@ def train(cfg: config_lib.Config) -> dict:
     clock.start("model build")
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg, manifest), cfg.train, compiled_spe)
+        # The optimizer's slots exist before the restore, so that it fills them at once: Keras would
+        # otherwise create them at the first update, and a finished run (evaluated, never updated)
+        # would warn about every slot value the checkpoint holds.
+        model.optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(
         checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints

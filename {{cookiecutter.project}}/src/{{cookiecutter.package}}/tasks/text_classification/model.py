@@ -15,77 +15,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ...errors import UserError
 from ...keras import keras
+from ..text.config import TextModelConfig
+from ..text.layers import PositionEmbedding, check, embedding_rows, transformer_block
 from . import tokenizer
-from .config import TextModelConfig
 
 layers = keras.layers
-EMBEDDING_ROW_MULTIPLE = 128
-
-
-def embedding_rows(vocab_size: int) -> int:
-    """Rows of the embedding table: the vocabulary rounded up to a multiple of 128, so that the
-    table splits into whole MXU tiles (the extra rows are never looked up)."""
-    return -(-vocab_size // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
-
-
-class PositionEmbedding(layers.Layer):
-    """Adds a learned vector per position to [batch, seq_len, width] inputs."""
-
-    def __init__(self, seq_len: int, width: int, **kwargs):
-        super().__init__(**kwargs)
-        self.seq_len, self.width = seq_len, width
-
-    def build(self, input_shape):
-        # Named like Embedding's table, so that rules keyed on "embeddings" (no weight decay) cover it.
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=[self.seq_len, self.width],
-            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
-        )
-
-    def call(self, inputs):
-        return inputs + tf.cast(self.embeddings, inputs.dtype)
-
-    def get_config(self):
-        return {**super().get_config(), "seq_len": self.seq_len, "width": self.width}
-
-
-def _block(x, attention_mask, config: TextModelConfig, name: str):
-    # Pre-LayerNorm: the residual path stays an identity, which trains stably without the long,
-    # careful warm-up that post-LayerNorm Transformers need.
-    y = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_attention_norm")(x)
-    y = layers.MultiHeadAttention(
-        config.heads, config.width // config.heads, dropout=config.dropout, name=f"{name}_attention"
-    )(y, y, attention_mask=attention_mask)
-    x = layers.Add(name=f"{name}_attention_add")([x, layers.Dropout(config.dropout, name=f"{name}_attention_drop")(y)])
-    y = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_mlp_norm")(x)
-    y = layers.Dense(config.mlp_width, activation="gelu", name=f"{name}_mlp_in")(y)
-    y = layers.Dense(config.width, name=f"{name}_mlp_out")(layers.Dropout(config.dropout, name=f"{name}_mlp_drop")(y))
-    return layers.Add(name=f"{name}_mlp_add")([x, y])
-
-
-def check(config: TextModelConfig) -> None:
-    for key, value in (
-        ("model.width", config.width),
-        ("model.depth", config.depth),
-        ("model.heads", config.heads),
-        ("model.mlp_width", config.mlp_width),
-    ):
-        if value < 1:
-            raise UserError(f"{key} must be at least 1, got {value}")
-    if config.width % config.heads:
-        raise UserError(
-            f"model.width ({config.width}) must divide evenly by model.heads ({config.heads}); "
-            f"change one of them, e.g. model.heads={_divisor_near(config.width, config.heads)}"
-        )
-    if not 0.0 <= config.dropout < 1.0:
-        raise UserError(f"model.dropout must be in [0, 1), got {config.dropout}")
-
-
-def _divisor_near(width: int, heads: int) -> int:
-    return min((d for d in range(1, width + 1) if width % d == 0), key=lambda d: (abs(d - heads), d))
 
 
 def build_model(config: TextModelConfig, seq_len: int, vocab_size: int, num_classes: int) -> keras.Model:
@@ -98,7 +33,7 @@ def build_model(config: TextModelConfig, seq_len: int, vocab_size: int, num_clas
     # [B, 1, S]: every query attends to the real tokens only; broadcasts over queries and heads.
     attention_mask = tf.expand_dims(is_token, 1)
     for block in range(config.depth):
-        x = _block(x, attention_mask, config, f"block{block}")
+        x = transformer_block(x, attention_mask, config, f"block{block}")
     x = layers.LayerNormalization(epsilon=1e-6, name="final_norm")(x)
     # Masked mean over the real tokens: padding must not dilute short texts. The count is at least
     # one so that an all-padding row (the evaluation's padding records hold one token) stays finite.

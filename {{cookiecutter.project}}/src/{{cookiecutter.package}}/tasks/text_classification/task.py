@@ -9,8 +9,6 @@ serving         ids [None, seq_len] -> probabilities and class; predict tokenize
 
 from __future__ import annotations
 
-import json
-import posixpath
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,22 +16,9 @@ from typing import Any
 from ...errors import UserError
 from ...task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
 from ..classification import ClassificationTask
+from ..text import raw
 from . import doctor_rules, sample_data, tokenizer
-from .config import TextDataConfig, TextModelConfig
-
-TEXT_SUFFIX = ".txt"
-JSONL_SUFFIX = ".jsonl"
-ASSETS_DIR = "assets.extra"
-"""Where the core writes `export_assets` inside the export (the SavedModel convention for extra files)."""
-
-
-def _join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *parts])
-
-
-def _decode(data: bytes) -> str:
-    # utf-8-sig: files saved by Windows editors start with a byte-order mark that is not text.
-    return data.decode("utf-8-sig")
+from ..text.config import TextDataConfig, TextModelConfig, width_fix
 
 
 class TextClassificationTask(ClassificationTask):
@@ -41,12 +26,7 @@ class TextClassificationTask(ClassificationTask):
     data_config = TextDataConfig
     model_config = TextModelConfig
     raw_format = 'RAW/<label>/<name>.txt (one UTF-8 text per file) or RAW/*.jsonl (lines of {"text": .., "label": ..})'
-    reject_reasons = {
-        "empty": "empty text (nothing but whitespace, or no tokens)",
-        "not_utf8": "not UTF-8: bytes that do not decode as UTF-8 text",
-        "not_json": "a JSON Lines line that is not a JSON object",
-        "missing_field": "a JSON Lines object without a string `text` or `label`",
-    }
+    reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text` or `label`"}
     needs_fit = True
 
     # --------------------------------------------------------------- preprocessing (Beam)
@@ -56,7 +36,7 @@ class TextClassificationTask(ClassificationTask):
         for relative in files_under(root):
             depth, lower = relative.count("/"), relative.lower()
             # A .txt file counts only inside a label folder: a README.txt beside them has no label.
-            if (depth == 1 and lower.endswith(TEXT_SUFFIX)) or (depth == 0 and lower.endswith(JSONL_SUFFIX)):
+            if (depth == 1 and lower.endswith(raw.TEXT_SUFFIX)) or (depth == 0 and lower.endswith(raw.JSONL_SUFFIX)):
                 units.append(relative)
             else:
                 ignored += 1
@@ -68,19 +48,10 @@ class TextClassificationTask(ClassificationTask):
         return Listing(units=sorted(units), ignored=ignored)
 
     def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
-        if relative.lower().endswith(JSONL_SUFFIX):
-            yield from _read_jsonl(relative, data)
-            return
-        label = relative.split("/", 1)[0]
-        try:
-            text = _decode(data)
-        except UnicodeDecodeError as error:
-            yield RawRejection(relative, "not_utf8", f"{error.reason} at byte {error.start}")
-            return
-        if not text.strip():
-            yield RawRejection(relative, "empty", "empty text")
-            return
-        yield RawExample(relative, label, text)
+        if raw.is_jsonl(relative):
+            yield from raw.read_jsonl(relative, data, target_field="label")
+        else:
+            yield from raw.read_text_file(relative, data, relative.split("/", 1)[0])
 
     def fit(self, train_payloads: Sequence[Any], data: TextDataConfig, workdir: str) -> dict[str, bytes]:
         _check_data(data)
@@ -134,8 +105,6 @@ class TextClassificationTask(ClassificationTask):
 
     # --------------------------------------------------------------- input (tf.data)
     def check_manifest(self, manifest: dict, data: TextDataConfig, data_dir: str) -> None:
-        import tensorflow as tf
-
         _check_data(data)
         written = manifest.get("seq_len")
         if written != data.seq_len:
@@ -144,16 +113,7 @@ class TextClassificationTask(ClassificationTask):
                 f"{written}; set data.seq_len={written}, or re-run "
                 f"`make preprocess ARGS=data.seq_len={data.seq_len}`"
             )
-        facts = manifest.get("tokenizer") or {}
-        path = _join(data_dir, facts.get("file", tokenizer.MODEL_FILE))
-        if not tf.io.gfile.exists(path):
-            raise UserError(f"the tokenizer {path} is missing beside the shards; re-run `make preprocess`")
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            if tokenizer.sha256(handle.read()) != facts.get("sha256"):
-                raise UserError(
-                    f"shards and tokenizer do not match ({path} is not the tokenizer the shards were "
-                    f"written with); re-run `make preprocess`"
-                )
+        raw.read_tokenizer(data_dir, manifest, tokenizer.MODEL_FILE)
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         return tokenizer.parse_batch(serialized, manifest["seq_len"])
@@ -185,10 +145,7 @@ class TextClassificationTask(ClassificationTask):
         return {"seq_len": data.seq_len, "vocab_size": data.vocab_size, "num_classes": 10}
 
     def width_fix(self, model: TextModelConfig, quantum: int) -> str:
-        def up(value: int) -> int:
-            return max(quantum, -(-value // quantum) * quantum)
-
-        return f"model.width={up(model.width)} model.mlp_width={up(model.mlp_width)}"
+        return width_fix(model, quantum)
 
     # --------------------------------------------------------------- serving
     def serving_signature(self, model, manifest: dict):
@@ -204,36 +161,14 @@ class TextClassificationTask(ClassificationTask):
         import tensorflow as tf
 
         name = (manifest.get("tokenizer") or {}).get("file", tokenizer.MODEL_FILE)
-        with tf.io.gfile.GFile(_join(data_dir, name), "rb") as handle:
+        with tf.io.gfile.GFile(raw.join(data_dir, name), "rb") as handle:
             return {**super().export_assets(manifest, data_dir), name: handle.read()}
 
     def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
-        import tensorflow as tf
-
-        model_path = _join(export_dir, ASSETS_DIR, tokenizer.MODEL_FILE)
-        if not tf.io.gfile.exists(model_path):
-            raise UserError(
-                f"the export {export_dir} has no {ASSETS_DIR}/{tokenizer.MODEL_FILE}; "
-                f"re-run `make train` to export the model with its tokenizer"
-            )
-        with tf.io.gfile.GFile(model_path, "rb") as handle:
-            model_bytes = handle.read()
-        names, sequences = [], []
-        for path in inputs:
-            if not tf.io.gfile.exists(path):
-                raise UserError(f"INPUT {path} does not exist; pass text files with one text per line")
-            with tf.io.gfile.GFile(path, "rb") as handle:
-                try:
-                    text = _decode(handle.read())
-                except UnicodeDecodeError:
-                    raise UserError(f"INPUT {path} is not UTF-8 text; save it as UTF-8, one text per line") from None
-            lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
-            if not lines:
-                raise UserError(f"INPUT {path} has no text; write one text per line")
-            for number, line in lines:
-                names.append(f"{posixpath.basename(path)}:{number} {line[:40]}")
-                sequences.append(tokenizer.tokenize(model_bytes, line))
-        return names, tokenizer.pad_batch(sequences, manifest["seq_len"])
+        model_bytes = raw.exported_tokenizer(export_dir, tokenizer.MODEL_FILE)
+        lines = raw.input_lines(inputs, "text")
+        sequences = [tokenizer.tokenize(model_bytes, line) for _, line in lines]
+        return [name for name, _ in lines], tokenizer.pad_batch(sequences, manifest["seq_len"])
 
     # --------------------------------------------------------------- the rest
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
@@ -258,40 +193,6 @@ class TextClassificationTask(ClassificationTask):
             mismatch="data.seq_len=48",
             predict_inputs=_two_texts,
         )
-
-
-def _read_jsonl(relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
-    """One example per line; `source` is `file.jsonl:LINE` (1-based). Blank lines are skipped."""
-    if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark before the first line
-        data = data[3:]
-    for number, raw_line in enumerate(data.split(b"\n"), 1):
-        source = f"{relative}:{number}"
-        if not raw_line.strip():
-            continue
-        try:
-            line = raw_line.decode("utf-8")
-        except UnicodeDecodeError as error:
-            yield RawRejection(source, "not_utf8", f"{error.reason} at byte {error.start} of the line")
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            yield RawRejection(source, "not_json", f"invalid JSON ({error.msg}, column {error.colno})")
-            continue
-        if not isinstance(record, dict):
-            yield RawRejection(source, "not_json", f"a JSON {type(record).__name__}, not an object")
-            continue
-        missing = [key for key in ("text", "label") if not isinstance(record.get(key), str)]
-        if missing:
-            yield RawRejection(source, "missing_field", " and ".join(f"no string `{key}`" for key in missing))
-            continue
-        if not record["text"].strip():
-            yield RawRejection(source, "empty", "empty text")
-            continue
-        if not record["label"].strip():
-            yield RawRejection(source, "missing_field", "empty `label`")
-            continue
-        yield RawExample(source, record["label"], record["text"])
 
 
 def _two_texts(raw: Path, scratch: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""The `data:` and `model:` keys of the text task (the shared keys are in the core's config.py).
+"""The `data:` and `model:` keys the text tasks share (the keys of every task are in the core's config.py).
 
 Every key is a dataclass field with its meaning; configs/*.yaml set them and `dotted.key=value`
 overrides them, e.g. `data.seq_len=256`.
@@ -35,3 +35,12 @@ class TextModelConfig:
     """Hidden width of each block's feed-forward layer (usually 2-4 x width)."""
     dropout: float = 0.1
     """Dropout rate after attention, in the feed-forward layer and before the logits."""
+
+
+def width_fix(config: TextModelConfig, quantum: int) -> str:
+    """The config change that puts the Transformer's widths on multiples of `quantum` (doctor)."""
+
+    def up(value: int) -> int:
+        return max(quantum, -(-value // quantum) * quantum)
+
+    return f"model.width={up(config.width)} model.mlp_width={up(config.mlp_width)}"

@@ -1,0 +1,32 @@
+"""The `data:` and `model:` keys of the language model, beside the text tasks' shared ones
+(../text/config.py) and every task's (the core's config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..text.config import TextDataConfig, TextModelConfig
+
+
+@dataclass
+class LanguageModelDataConfig(TextDataConfig):
+    seq_len: int = 128
+    """Inputs per packed window: preprocessing concatenates the documents (each ending in the
+    end-of-document id) and cuts them into windows of this many tokens, the targets shifted by one.
+    A multiple of 128 on a TPU."""
+
+
+@dataclass
+class LanguageModelConfig(TextModelConfig):
+    tie_embeddings: bool = True
+    """Score the next token with the input embedding table (transposed) instead of a separate
+    output layer: fewer parameters, and usually as good for a small model."""
+    max_new_tokens: int = 24
+    """Tokens the export generates per prompt (`make predict`)."""
+    temperature: float = 0.0
+    """0 picks the likeliest next token (greedy, deterministic); above 0 samples from the softmax
+    of logits / temperature."""
+    top_k: int = 0
+    """When sampling, only among the k likeliest tokens; 0 for all."""
+    seed: int = 0
+    """Seed of the sampling (the same prompt and seed give the same continuation)."""

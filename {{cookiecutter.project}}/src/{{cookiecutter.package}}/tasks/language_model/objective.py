@@ -1,0 +1,83 @@
+"""The language model's objective: next-token cross entropy on the positions that have a target.
+
+The core weights evaluation per window (the padding windows that make the last steps whole weigh 0);
+within a window, the target 0 marks a position without a target. So the metrics here multiply the
+window's weight by the per-token mask and sum over tokens: `perplexity` is exp(sum of cross entropy /
+number of real targets), the same whatever the batch size or the number of replicas.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from ...keras import keras
+from ..text.tokenizer import PAD_ID
+
+
+def token_mask(targets):
+    return tf.cast(tf.not_equal(targets, PAD_ID), tf.float32)
+
+
+class TokenCrossEntropy(keras.losses.Loss):
+    """Per-token cross entropy [B, S], 0 where there is no target. The training loss is its mean
+    over all positions; only a shard's last window has positions without a target."""
+
+    def call(self, targets, logits):
+        targets = tf.cast(targets, tf.int32)
+        xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=tf.cast(logits, tf.float32))
+        return xent * token_mask(targets)
+
+
+class TokenMetric(keras.metrics.Metric):
+    """A token-weighted mean over the real targets: `perplexity` (exp of the mean cross entropy) or
+    `accuracy` (share of targets that are the likeliest token)."""
+
+    KINDS = ("perplexity", "accuracy")
+
+    def __init__(self, kind: str, name: str | None = None, **kwargs):
+        super().__init__(name=name or kind, **kwargs)
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        self.kind = kind
+        self.total = self.add_weight(name="total", initializer="zeros", dtype=tf.float32)
+        self.count = self.add_weight(name="count", initializer="zeros", dtype=tf.float32)
+
+    def update_state(self, targets, logits, sample_weight=None):
+        targets = tf.cast(targets, tf.int32)
+        logits = tf.cast(logits, tf.float32)
+        weight = token_mask(targets)
+        if sample_weight is not None:
+            weight *= tf.reshape(tf.cast(sample_weight, tf.float32), [-1, 1])
+        if self.kind == "perplexity":
+            value = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+        else:
+            value = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets), tf.float32)
+        self.total.assign_add(tf.reduce_sum(value * weight))
+        self.count.assign_add(tf.reduce_sum(weight))
+
+    def result(self):
+        mean = tf.math.divide_no_nan(self.total, self.count)
+        return tf.exp(mean) if self.kind == "perplexity" else mean
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "kind": self.kind}
+
+
+def unigram_perplexity(train_counts: dict[int, float], eval_counts: dict[int, float], vocab_size: int) -> float:
+    """Perplexity of the eval targets under the train targets' token frequencies, add-one smoothed:
+    what a model that ignores all context scores. A language model that learned anything beats it."""
+    train_total = sum(train_counts.values())
+    eval_total = sum(eval_counts.values())
+    if not eval_total:
+        return float("nan")
+    log_likelihood = sum(
+        count * math.log((train_counts.get(token, 0.0) + 1.0) / (train_total + vocab_size))
+        for token, count in eval_counts.items()
+    )
+    return math.exp(-log_likelihood / eval_total)

@@ -1,0 +1,3 @@
+"""What the text tasks share: the SentencePiece tokenizer trained in the Beam job, reading text files
+and JSON Lines, the Transformer's building blocks and their `make doctor` rules. Not a task itself
+(it has no task.py)."""

@@ -1,0 +1,138 @@
+"""The SentencePiece tokenizer of the text tasks: trained in the Beam job on the train split, loaded
+once per process, and the facts the manifest records about it.
+
+Preprocessing trains a unigram model on the train split (`fit`) and writes it beside the shards as
+`tokenizer.model`; the same file is exported with the SavedModel and `predict` tokenizes with it.
+The manifest holds its sha256, so training refuses shards whose tokenizer was replaced.
+
+Id 0 is padding and id 1 the unknown piece. With `end_of_document` the model also reserves id 2
+for the end of a document, which a next-token model learns to predict; a classifier pools the whole
+sequence and needs none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ...errors import UserError
+
+MODEL_FILE = "tokenizer.model"
+PAD_ID = 0
+UNK_ID = 1
+EOS_ID = 2
+"""The end-of-document id, reserved only in a tokenizer trained with `end_of_document=True`."""
+MAX_TRAINING_LINE_BYTES = 16384
+"""SentencePiece skips training lines longer than this (its default of 4192 drops long paragraphs)."""
+TRAINING_THREADS = 4
+"""Fixed, not the machine's core count: each thread sums its share of the EM statistics, so the
+thread count changes the floating-point sums and with them the pieces (measured: 1, 3 and 8
+threads give three different models from the same text)."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def training_lines(texts: Iterable[str], max_texts: int) -> list[str]:
+    """The lines SentencePiece trains on: at most `max_texts` texts, chosen and ordered by content
+    alone, so the same train split gives the same tokenizer whatever order Beam delivers it in."""
+    unique = sorted(set(texts), key=lambda text: (sha256(text.encode("utf-8")), text))[:max_texts]
+    return [line.strip() for text in sorted(unique) for line in text.splitlines() if line.strip()]
+
+
+def fit(train_texts: Sequence[str], vocab_size: int, max_texts: int, end_of_document: bool = False) -> bytes:
+    """Trains a unigram SentencePiece model; returns the bytes of its `.model` file.
+
+    Deterministic: the sample is chosen and sorted by content, SentencePiece neither samples nor
+    shuffles it, and the thread count is fixed, so the same texts give a byte-identical model.
+    `hard_vocab_limit=False` lets a small corpus yield fewer pieces than asked for instead of
+    failing; the manifest records the actual count.
+    """
+    import sentencepiece as spm
+
+    lines = training_lines(train_texts, max_texts)
+    if not lines:
+        raise UserError("the train split holds no text to train the tokenizer on; check RAW and data.eval_fraction")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type="unigram",
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=-1,
+            eos_id=EOS_ID if end_of_document else -1,
+            hard_vocab_limit=False,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            num_threads=TRAINING_THREADS,
+            max_sentence_length=MAX_TRAINING_LINE_BYTES,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        # The one a user meets: more distinct characters than data.vocab_size (e.g. CJK text).
+        reason = str(error).split("] ", 1)[-1].split(". Increase", 1)[0]
+        raise UserError(
+            f"SentencePiece cannot train a tokenizer of data.vocab_size={vocab_size} on this text "
+            f"({reason}); raise data.vocab_size"
+        ) from None
+    return model.getvalue()
+
+
+# ----------------------------------------------------------------------------- tokenizing
+
+_processors: dict = {}
+_last: tuple = (None, None)
+"""(model bytes object, processor) of the last call: hashing the model costs more than
+tokenizing a text, and encode() passes the same bytes object for every example. One tuple,
+replaced whole, so that threads of one worker never pair one model's bytes with another's processor."""
+
+
+def processor(model_bytes: bytes):
+    """A SentencePieceProcessor for these model bytes, loaded once per process and model."""
+    import sentencepiece as spm
+
+    global _last
+    last_bytes, last_processor = _last
+    if model_bytes is last_bytes:
+        return last_processor
+    # Keyed by the model's sha256 so that Beam workers, which may hand over a fresh copy of the
+    # artifact bytes per bundle, still load each model only once.
+    key = sha256(model_bytes)
+    loaded = _processors.get(key)
+    if loaded is None:
+        if len(_processors) >= 4:  # a long-lived worker may see several runs' models
+            _processors.clear()
+        loaded = spm.SentencePieceProcessor()
+        loaded.LoadFromSerializedProto(model_bytes)
+        _processors[key] = loaded
+    _last = (model_bytes, loaded)
+    return loaded
+
+
+def vocab_size(model_bytes: bytes) -> int:
+    """The number of pieces the trained model actually has (may be below `data.vocab_size`)."""
+    return processor(model_bytes).GetPieceSize()
+
+
+def tokenize(model_bytes: bytes, text: str) -> list[int]:
+    """All ids of `text`, untruncated."""
+    return list(processor(model_bytes).EncodeAsIds(text))
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int) -> np.ndarray:
+    """int32 [len(sequences), seq_len]: each truncated to seq_len and padded with PAD_ID."""
+    batch = np.full((len(sequences), seq_len), PAD_ID, dtype=np.int32)
+    for row, ids in enumerate(sequences):
+        kept = list(ids)[:seq_len]
+        batch[row, : len(kept)] = kept
+    return batch
