@@ -220,7 +220,7 @@ def test_the_export_scores_as_the_trained_model(lm_run, sample, tmp_path):
         expected.append(-float(tf.reduce_sum(xent[: length - 1])))
     served = serve(ids=tf.constant(ids, tf.int32), lengths=tf.constant(lengths, tf.int32))
     np.testing.assert_allclose(served["prompt_log_likelihood"].numpy(), expected, rtol=2e-2, atol=0.05)
-    assert served["tokens"].shape == (len(windows), cfg.model.max_new_tokens)
+    assert served["tokens"].shape == (len(windows), cfg.predict.max_new_tokens)
 
 
 def test_greedy_generation_is_deterministic(lm_run, sample, tmp_path):

@@ -97,6 +97,11 @@ def files_under(input_root: str) -> list[str]:
     return [metadata.path[len(root) + 1 :] for metadata in matched]
 
 
+@dataclass
+class NoKeys:
+    """A config section a task leaves empty."""
+
+
 @dataclass(frozen=True)
 class Testing:
     """What the shared contract tests (tests/test_contract.py) need to know of a task."""
@@ -122,6 +127,9 @@ class Task:
     `problem()` method returns a one-line error for values that break a rule, else None."""
     model_config: type = object
     """Dataclass of the `model:` section, with the same conventions."""
+    predict_config: type = NoKeys
+    """Dataclass of the `predict:` section: what the export serves beyond the model (e.g. how many
+    tokens a language model generates), given to `serving_signature`; no keys by default."""
     raw_format: str = ""
     """One line that says what RAW must look like (used in errors and help)."""
     reject_reasons: dict[str, str] = {}
@@ -230,8 +238,9 @@ class Task:
         return []
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict) -> Callable:
-        """A tf.function with an input signature: model inputs -> a dict of named outputs."""
+    def serving_signature(self, model, manifest: dict, predict: Any) -> Callable:
+        """A tf.function with an input signature: model inputs -> a dict of named outputs. `predict`
+        is the config's `predict:` section (an instance of `predict_config`)."""
         raise NotImplementedError
 
     def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:

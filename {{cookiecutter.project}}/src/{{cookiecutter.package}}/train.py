@@ -549,7 +549,7 @@ def train(cfg: config_lib.Config) -> dict:
     else:
         write_eval_summaries(output_dir, metrics, step)
     clock.start("export")
-    export_dir = export(model, output_dir, manifest, cfg.data.dir)
+    export_dir = export(model, output_dir, manifest, cfg)
     metrics["phase_seconds"] = clock.so_far()
     metrics["time_to_first_step_seconds"] = round(goodput.time_to_first_step(metrics["phase_seconds"]), 2)
     write_metrics(output_dir, {**previous, **metrics})
@@ -581,20 +581,19 @@ def read_metrics(output_dir: str) -> dict:
         return json.load(handle)
 
 
-def export(model: keras.Model, output_dir: str, manifest: dict, data_dir: str) -> str:
-    """A SavedModel with the task's serving signature, and in its assets.extra/ what `predict`
-    needs: the manifest and the task's assets (e.g. its tokenizer)."""
+def export(model: keras.Model, output_dir: str, manifest: dict, cfg: config_lib.Config) -> str:
+    """A SavedModel with the task's serving signature (shaped by the config's `predict:` keys), and
+    in its assets.extra/ what `predict` needs: the manifest and the task's assets (e.g. its tokenizer)."""
     task = tasks.current()
     path = run_path(output_dir, "export")
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
-    tf.saved_model.save(
-        model, path, signatures={"serving_default": task.serving_signature(model, manifest)}, options=options
-    )
+    signature = task.serving_signature(model, manifest, cfg.predict)
+    tf.saved_model.save(model, path, signatures={"serving_default": signature}, options=options)
     extra = run_path(path, "assets.extra")
     tf.io.gfile.makedirs(extra)
     files = {
         "manifest.json": json.dumps(manifest, indent=2).encode(),
-        **task.export_assets(manifest, data_dir),
+        **task.export_assets(manifest, cfg.data.dir),
     }
     for name, content in files.items():
         with tf.io.gfile.GFile(run_path(extra, name), "wb") as handle:

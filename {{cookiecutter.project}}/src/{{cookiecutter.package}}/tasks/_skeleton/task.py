@@ -218,7 +218,7 @@ class NewTask(Task):
         return []
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict):
+    def serving_signature(self, model, manifest: dict, predict=None):
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, manifest["num_features"]], tf.float32, name="features")

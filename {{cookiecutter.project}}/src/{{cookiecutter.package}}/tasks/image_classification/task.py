@@ -205,7 +205,7 @@ class ImageClassificationTask(ClassificationTask):
         return build_model(model, manifest["image_size"], manifest["num_classes"])
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict):
+    def serving_signature(self, model, manifest: dict, predict=None):
         import tensorflow as tf
 
         size = manifest["image_size"]

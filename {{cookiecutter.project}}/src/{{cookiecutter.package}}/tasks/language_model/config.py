@@ -1,4 +1,4 @@
-"""The `data:` and `model:` keys of the language model, beside the text tasks' shared ones
+"""The `data:`, `model:` and `predict:` keys of the language model, beside the text tasks' shared ones
 (../text/config.py) and every task's (the core's config.py)."""
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ class LanguageModelConfig(TextModelConfig):
     tie_embeddings: bool = True
     """Score the next token with the input embedding table (transposed) instead of a separate
     output layer: fewer parameters, and usually as good for a small model."""
+
+
+@dataclass
+class LanguageModelPredictConfig:
     max_new_tokens: int = 24
-    """Tokens the export generates per prompt (`make predict`)."""
+    """Tokens the export generates per prompt (`make predict`). The export is written at the end of
+    `make train`: `make train ARGS=predict.max_new_tokens=48` on a finished run writes it again."""
     temperature: float = 0.0
     """0 picks the likeliest next token (greedy, deterministic); above 0 samples from the softmax
     of logits / temperature."""
@@ -30,3 +35,12 @@ class LanguageModelConfig(TextModelConfig):
     """When sampling, only among the k likeliest tokens; 0 for all."""
     seed: int = 0
     """Seed of the sampling (the same prompt and seed give the same continuation)."""
+
+    def problem(self) -> str | None:
+        if self.max_new_tokens < 1:
+            return f"predict.max_new_tokens must be at least 1, got {self.max_new_tokens}"
+        if self.temperature < 0:
+            return f"predict.temperature must be 0 (greedy) or more, got {self.temperature}"
+        if self.top_k < 0:
+            return f"predict.top_k must be 0 (all tokens) or more, got {self.top_k}"
+        return None

@@ -24,7 +24,7 @@ from ..text import doctor_rules as text_rules
 from ..text import raw, tokenizer
 from ..text.config import width_fix
 from . import packing, sample_data
-from .config import LanguageModelConfig, LanguageModelDataConfig
+from .config import LanguageModelConfig, LanguageModelDataConfig, LanguageModelPredictConfig
 
 TARGET_COUNT = "target_count:"
 """Prefix of the pack statistics that count each target id per split (for the unigram baseline)."""
@@ -35,15 +35,12 @@ class LanguageModelTask(Task):
     name = "language_model"
     data_config = LanguageModelDataConfig
     model_config = LanguageModelConfig
+    predict_config = LanguageModelPredictConfig
     raw_format = 'RAW/**/*.txt (one UTF-8 document per file) or RAW/*.jsonl (lines of {"text": ..})'
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text`"}
     needs_fit = True
     headline_metric = "perplexity"
     higher_is_better = False
-
-    def __init__(self):
-        self.generation = LanguageModelConfig()
-        """The generation settings of the last model built (`build_model`): what its export serves."""
 
     # --------------------------------------------------------------- preprocessing (Beam)
     def list_raw(self, input_root: str) -> Listing:
@@ -174,8 +171,6 @@ class LanguageModelTask(Task):
     def build_model(self, model: LanguageModelConfig, manifest: dict):
         from . import model as model_lib
 
-        _check_generation(model)
-        self.generation = model
         return model_lib.build_model(model, manifest["seq_len"], manifest["vocab_size"])
 
     def nominal_manifest(self, data: LanguageModelDataConfig) -> dict:
@@ -200,12 +195,12 @@ class LanguageModelTask(Task):
         return [TokenMetric("perplexity"), TokenMetric("accuracy")]
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict):
+    def serving_signature(self, model, manifest: dict, predict: LanguageModelPredictConfig):
         import tensorflow as tf
 
         from . import generate
 
-        seq_len, vocab, settings = manifest["seq_len"], manifest["vocab_size"], self.generation
+        seq_len, vocab, settings = manifest["seq_len"], manifest["vocab_size"], predict
 
         @tf.function(
             input_signature=[
@@ -284,7 +279,7 @@ class LanguageModelTask(Task):
                 "model.heads=2",
                 "model.mlp_width=64",
                 "model.dropout=0.0",
-                "model.max_new_tokens=4",
+                "predict.max_new_tokens=4",
                 "train.base_learning_rate=0.02",
             ),
             rejected=4,
@@ -328,15 +323,6 @@ def _check_data(data: LanguageModelDataConfig) -> None:
     ):
         if value < least:
             raise UserError(f"{key} must be at least {least}, got {value}")
-
-
-def _check_generation(model: LanguageModelConfig) -> None:
-    if model.max_new_tokens < 1:
-        raise UserError(f"model.max_new_tokens must be at least 1, got {model.max_new_tokens}")
-    if model.temperature < 0:
-        raise UserError(f"model.temperature must be 0 (greedy) or more, got {model.temperature}")
-    if model.top_k < 0:
-        raise UserError(f"model.top_k must be 0 (all tokens) or more, got {model.top_k}")
 
 
 TASK = LanguageModelTask()

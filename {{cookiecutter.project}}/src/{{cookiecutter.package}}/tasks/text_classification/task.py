@@ -148,7 +148,7 @@ class TextClassificationTask(ClassificationTask):
         return width_fix(model, quantum)
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict):
+    def serving_signature(self, model, manifest: dict, predict=None):
         import tensorflow as tf
 
         @tf.function(input_signature=[tf.TensorSpec([None, manifest["seq_len"]], tf.int32, name="ids")])
