@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, finished_run_of, tiny_config
-from {{ cookiecutter.package }} import capture_profile, config, distribute, steps_per_execution, tasks, train
+from {{ cookiecutter.package }} import capture_profile, config, distribute, schedule, steps_per_execution, tasks, train
 from {{ cookiecutter.package }}.errors import UserError
 
 
@@ -340,6 +340,15 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
     restored = train.restore_newest_readable(checkpoint, manager)
     assert restored.endswith("ckpt-40") and int(model.optimizer.iterations.numpy()) == 40
     assert "ckpt-48 cannot be read" in capsys.readouterr().out
+    # The learning rate continues where the run stopped: the schedule the optimizer holds, at its
+    # restored step, gives the formula's value for step 40 of this run (not the warm-up's start).
+    from {{ cookiecutter.package }}.keras import keras
+
+    held = keras.optimizers.schedules.deserialize(model.optimizer.get_config()["learning_rate"])
+    peak = cfg.train.base_learning_rate * cfg.effective_batch_size / cfg.train.base_batch_size
+    expected = schedule.learning_rate_at(40, peak, cfg.train.warmup_steps, cfg.train.total_steps)
+    assert float(held(model.optimizer.iterations)) == pytest.approx(expected, rel=1e-5)
+    assert expected > 0
 
 
 @pytest.mark.slow
