@@ -129,7 +129,7 @@ class Task:
     """Dataclass of the `model:` section, with the same conventions."""
     predict_config: type = NoKeys
     """Dataclass of the `predict:` section: what the export serves beyond the model (e.g. how many
-    tokens a language model generates), given to `serving_signature`; no keys by default."""
+    tokens a generator writes per prompt), given to `serving_signature`; no keys by default."""
     raw_format: str = ""
     """One line that says what RAW must look like (used in errors and help)."""
     reject_reasons: dict[str, str] = {}
