@@ -6,13 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
-from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, tiny_config
+from conftest import PROJECT, tiny_config
 from test_doctor import check
+from test_train import train_command as interruptible_run
 from {{ cookiecutter.package }} import distribute, goodput, input_pipeline, train
 from {{ cookiecutter.package }} import steps_per_execution as spe_lib
 from {{ cookiecutter.package }}.doctor import engine
@@ -134,23 +134,8 @@ def test_doctor_points_at_the_largest_loss_of_the_last_run(data_dir, tmp_path):
 
 
 def train_command(data_dir, output_dir, *overrides):
-    return [
-        sys.executable,
-        "-m",
-        "{{ cookiecutter.package }}.train",
-        "--config",
-        str(PROJECT / "configs/local.yaml"),
-        f"data.dir={data_dir}",
-        *DATA_OVERRIDES,
-        f"runtime.output_dir={output_dir}",
-        *MODEL_OVERRIDES,
-        "train.global_batch_size=32",
-        "train.warmup_steps=4",
-        "train.steps_per_execution=auto",
-        "train.checkpoint_every=1000",
-        "train.log_every=4",
-        *overrides,
-    ]
+    """test_train.py's interruptible run, with steps_per_execution measured and a log every 4 steps."""
+    return interruptible_run(data_dir, output_dir, "train.steps_per_execution=auto", "train.log_every=4", *overrides)
 
 
 def run_until_a_step_then_sigterm(command, env) -> str:

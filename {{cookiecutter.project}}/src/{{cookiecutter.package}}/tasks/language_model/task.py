@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Task, Testing, files_under
+from ...task import Listing, RawExample, RawRejection, Task, Testing, files_under
 from ..text import doctor_rules as text_rules
 from ..text import raw, tokenizer
 from ..text.config import width_fix
@@ -76,9 +76,7 @@ class LanguageModelTask(Task):
     def encode(
         self, example: RawExample, categories: Sequence[str], data: LanguageModelDataConfig, artifacts: dict[str, bytes]
     ) -> tuple[bytes, dict]:
-        ids = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], example.payload)
-        if not ids:  # e.g. only characters that normalisation removes
-            raise Rejected("empty", "no tokens after tokenization")
+        ids = tokenizer.tokenize_or_reject(artifacts[tokenizer.MODEL_FILE], example.payload)
         return packing.document_record(ids), {"documents": 1, "document_tokens": len(ids) + 1}
 
     def pack(self, split: str, records: Sequence[bytes], data: LanguageModelDataConfig) -> tuple[list[bytes], dict]:
@@ -136,13 +134,7 @@ class LanguageModelTask(Task):
     # --------------------------------------------------------------- input (tf.data)
     def check_manifest(self, manifest: dict, data: LanguageModelDataConfig, data_dir: str) -> None:
         _check_data(data)
-        written = manifest.get("seq_len")
-        if written != data.seq_len:
-            raise UserError(
-                f"data.seq_len is {data.seq_len} but the shards in {data_dir} were packed into windows of "
-                f"{written}; set data.seq_len={written}, or re-run `make preprocess ARGS=data.seq_len={data.seq_len}`"
-            )
-        raw.read_tokenizer(data_dir, manifest, tokenizer.MODEL_FILE)
+        raw.check_shards(manifest, data, data_dir, "windows")
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         return packing.parse_batch(serialized, manifest["seq_len"])

@@ -88,6 +88,20 @@ def read_jsonl(relative: str, data: bytes, target_field: str | None) -> Iterator
         yield RawExample(source, record[target_field] if target_field else None, record["text"])
 
 
+def check_shards(manifest: dict, data, data_dir: str, sequences: str) -> None:
+    """The text tasks' check that the shards fit the config: the same `data.seq_len` (each record
+    holds `sequences` of that many tokens) and the tokenizer they were written with."""
+    from .tokenizer import MODEL_FILE
+
+    written = manifest.get("seq_len")
+    if written != data.seq_len:
+        raise UserError(
+            f"data.seq_len is {data.seq_len} but the shards in {data_dir} hold {sequences} of {written} tokens; "
+            f"set data.seq_len={written}, or re-run `make preprocess ARGS=data.seq_len={data.seq_len}`"
+        )
+    read_tokenizer(data_dir, manifest, MODEL_FILE)
+
+
 def read_tokenizer(data_dir: str, manifest: dict, model_file: str) -> bytes:
     """The tokenizer the shards were written with, checked against the manifest's sha256; a missing
     or replaced file is a one-line UserError."""

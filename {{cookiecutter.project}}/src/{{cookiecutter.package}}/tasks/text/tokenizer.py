@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ...errors import UserError
+from ...task import Rejected
 
 MODEL_FILE = "tokenizer.model"
 PAD_ID = 0
@@ -136,3 +137,12 @@ def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int) -> np.ndarray:
         kept = list(ids)[:seq_len]
         batch[row, : len(kept)] = kept
     return batch
+
+
+def tokenize_or_reject(model_bytes: bytes, text: str) -> list[int]:
+    """The ids of a raw text; `Rejected('empty')` when it has none (e.g. only characters that
+    normalisation removes), as preprocessing counts it."""
+    ids = tokenize(model_bytes, text)
+    if not ids:
+        raise Rejected("empty", "no tokens after tokenization")
+    return ids

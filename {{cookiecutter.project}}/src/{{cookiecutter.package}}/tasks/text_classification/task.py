@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
+from ...task import Listing, RawExample, RawRejection, Testing, files_under
 from ..classification import ClassificationTask
 from ..text import raw
 from . import doctor_rules, sample_data, tokenizer
@@ -63,9 +63,7 @@ class TextClassificationTask(ClassificationTask):
     def encode(
         self, example: RawExample, categories: Sequence[str], data: TextDataConfig, artifacts: dict[str, bytes]
     ) -> tuple[bytes, dict]:
-        ids = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], example.payload)
-        if not ids:  # e.g. only characters that normalisation removes
-            raise Rejected("empty", "no tokens after tokenization")
+        ids = tokenizer.tokenize_or_reject(artifacts[tokenizer.MODEL_FILE], example.payload)
         kept = ids[: data.seq_len]
         stats = {"examples": 1, "tokens": len(ids), "truncated": int(len(ids) > data.seq_len), "kept_tokens": len(kept)}
         return tokenizer.serialize(kept, categories.index(example.target)), stats
@@ -106,14 +104,7 @@ class TextClassificationTask(ClassificationTask):
     # --------------------------------------------------------------- input (tf.data)
     def check_manifest(self, manifest: dict, data: TextDataConfig, data_dir: str) -> None:
         _check_data(data)
-        written = manifest.get("seq_len")
-        if written != data.seq_len:
-            raise UserError(
-                f"data.seq_len is {data.seq_len} but the shards in {data_dir} were written with seq_len "
-                f"{written}; set data.seq_len={written}, or re-run "
-                f"`make preprocess ARGS=data.seq_len={data.seq_len}`"
-            )
-        raw.read_tokenizer(data_dir, manifest, tokenizer.MODEL_FILE)
+        raw.check_shards(manifest, data, data_dir, "sequences")
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         return tokenizer.parse_batch(serialized, manifest["seq_len"])

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..text.tokenizer import MODEL_FILE, PAD_ID, UNK_ID, fit, pad_batch, processor, sha256, tokenize, vocab_size
+from ..text.tokenizer import (
+    MODEL_FILE,
+    PAD_ID,
+    UNK_ID,
+    fit,
+    pad_batch,
+    processor,
+    sha256,
+    tokenize,
+    tokenize_or_reject,
+    vocab_size,
+)
 
 __all__ = [
     "MODEL_FILE",
@@ -24,6 +35,7 @@ __all__ = [
     "serialize",
     "sha256",
     "tokenize",
+    "tokenize_or_reject",
     "vocab_size",
 ]
 
