@@ -350,9 +350,22 @@ def predict_inputs(project: Path) -> list[str]:
 
 
 def test_predict_answers_for_each_input_from_the_small_run(small_run):
+    """One line per input, in order: a class of the run's export, its probability (printed to 3
+    decimals: at least an even share, as the likeliest class's must be, and at most 1), the input's
+    name; the same inputs again give the same lines."""
     inputs = predict_inputs(small_run)
-    output = succeeds(run_listed(small_run, "predict", f"INPUT={' '.join(inputs)}"))
-    assert all(name in output for name in inputs), output
+    output = succeeds(run_listed(small_run, "predict", f"INPUT={' '.join(inputs * 2)}"))
+    labels = json.loads((small_run / "runs/local/export/assets.extra/manifest.json").read_text())["label_names"]
+    lines = [line for line in output.splitlines() if line.count("\t") == 2]
+    rows = [line.split("\t") for line in lines]
+    if (small_run / inputs[0]).suffix == ".txt":  # a line's name: FILE:LINE and the line's start
+        names = [f"{Path(path).name}:{number}" for path in inputs for number in (1, 2)] * 2
+    else:
+        names = inputs * 2
+    assert [name.split(" ")[0] for _, _, name in rows] == names, output
+    even_share = 1 / len(labels) - 0.0005
+    assert all(label in labels and even_share <= float(probability) <= 1 for label, probability, _ in rows), output
+    assert lines[len(lines) // 2 :] == lines[: len(lines) // 2], output
 
 
 def check_tensorboard_shows_the_run(port: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -141,3 +142,51 @@ def test_the_export_alone_predicts(contract_run, sample, tmp_path):
     assert rows and all(fields for _, fields in rows)
     lines = [predict.line(name, fields) for name, fields in rows]
     assert all(line.endswith(name) and line.count("\t") == len(fields) for line, (name, fields) in zip(lines, rows))
+
+
+def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(contract_run, sample, tmp_path):
+    """A task with categories: for every eval example, the export's probabilities are the softmax of
+    the trained model's logits (restored from the checkpoint, not from the export), and what `make
+    predict` prints is the class they rank first with its probability; so predict's labels score
+    the accuracy the run's final evaluation reported."""
+    task = tasks.current()
+    if not task.categorical_targets:
+        pytest.skip("the task's targets are not categories: it serves no class and its probability")
+    from {{ cookiecutter.package }} import model as model_lib
+    from {{ cookiecutter.package }} import precision
+    from {{ cookiecutter.package }}.keras import keras
+
+    cfg, output, metrics, _ = contract_run
+    raw, data = sample
+    serve, manifest, export_dir = predict.load_export(str(output))
+    files, _ = input_pipeline.split_files(str(data), manifest, "eval")
+    records = [record for record in tf.data.TFRecordDataset(files)]
+    features, labels = task.parse_batch(tf.stack(records), manifest)
+    served = {key: value.numpy() for key, value in serve(features).items()}
+    probabilities = served["probabilities"]
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+
+    policy = keras.mixed_precision.global_policy()
+    precision.set_policy("bfloat16")  # as trained
+    try:
+        model = model_lib.build_model(cfg, manifest)
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+    tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(output / "checkpoints"))).expect_partial()
+    logits = tf.cast(model(features, training=False), tf.float32)
+    np.testing.assert_allclose(probabilities, tf.nn.softmax(logits).numpy(), atol=2e-2)
+
+    printed = task.predictions(served, export_dir, manifest)
+    likeliest = probabilities.argmax(axis=1)
+    assert [row["label"] for row in printed] == [manifest["label_names"][index] for index in likeliest]
+    assert [row["probability"] for row in printed] == pytest.approx(probabilities.max(axis=1).tolist(), rel=1e-6)
+    right = sum(row["label"] == manifest["label_names"][label] for row, label in zip(printed, labels.numpy()))
+    assert abs(right - metrics[task.headline_metric] * len(records)) <= 1, (right, len(records), metrics)
+
+    # The same through predict's own reading of INPUT files, as `make predict` runs it.
+    inputs = task.testing().predict_inputs(raw, tmp_path)
+    names, batch = task.predict_inputs(inputs, export_dir, manifest)
+    expected = serve(tf.constant(batch))["probabilities"].numpy()
+    rows = predict.predict(str(output), inputs)
+    assert [name for name, _ in rows] == names
+    assert [fields["label"] for _, fields in rows] == [manifest["label_names"][i] for i in expected.argmax(axis=1)]

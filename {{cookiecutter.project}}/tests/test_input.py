@@ -100,6 +100,21 @@ def test_gzip_shards_read_like_plain_ones(raw_dir, data_dir, tmp_path):
     dataset, _ = input_pipeline.distributed_dataset(strategy, str(tmp_path), manifest, "train", 32, training=True)
     first = strategy.experimental_local_results(tf.nest.flatten(next(iter(dataset)))[0])
     assert len(first) == 8 and all(tensor.shape[0] == 4 for tensor in first)
+    # `make bench` reads them too: its naive baseline's first pass over the train split gives the
+    # plain shards' targets (augmentation makes the features random, the targets are not).
+    from {{ cookiecutter.package }} import bench_input
+
+    def one_pass_of_targets(data, manifest):
+        files, _ = input_pipeline.split_files(str(data), manifest, "train")
+        dataset = bench_input.naive_dataset(files, manifest, 1, manifest["compression"])
+        count = manifest["splits"]["train"]["num_examples"]
+        return collections.Counter(
+            tuple(tensor.numpy().ravel().tolist())
+            for _, targets in dataset.take(count)
+            for tensor in tf.nest.flatten(targets)
+        )
+
+    assert one_pass_of_targets(tmp_path, manifest) == one_pass_of_targets(data_dir, load_manifest(data_dir))
 
 
 def test_distributed_batches_are_per_replica(data_dir):

@@ -259,6 +259,43 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 1000
 
 
+def first_targets(cfg, seed: int, batches: int = 4) -> list:
+    """The targets of the first `batches` global batches `train` feeds with `seed`, replica by
+    replica, each batch's sorted (parallel parsing may hand batches on in another order)."""
+    from {{ cookiecutter.package }} import input_pipeline
+
+    resolved = distribute.resolve(cfg.runtime)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    iterator = iter(train.training_dataset(cfg, resolved, manifest, seed=seed))
+    seen = []
+    for _ in range(batches):
+        _, targets = next(iterator)
+        for part in tf.nest.flatten(targets):
+            seen += [tensor.numpy().tolist() for tensor in resolved.strategy.experimental_local_results(part)]
+    return sorted(seen)
+
+
+def test_a_resumed_run_does_not_replay_the_batches_it_began_with(data_dir, tmp_path):
+    """A start at step 16 (a resume) is fed another order of the train split than the start at step 0:
+    with the same seed, steps 17-20 would see the batches of steps 1-4 again. One train shard, so that
+    the order depends on the seed alone (parallel reads of several files interleave by timing)."""
+    one_shard = tmp_path / "data"
+    shutil.copytree(data_dir, one_shard)
+    manifest = json.loads((one_shard / "manifest.json").read_text())
+    train_split = manifest["splits"]["train"]
+    train_split["files"], train_split["examples_per_file"] = (
+        train_split["files"][:1],
+        train_split["examples_per_file"][:1],
+    )
+    train_split["num_examples"] = train_split["examples_per_file"][0]
+    (one_shard / "manifest.json").write_text(json.dumps(manifest))
+    cfg = tiny_config(one_shard, tmp_path / "run")
+    fresh = first_targets(cfg, train.start_seed(cfg, 0))
+    resumed = first_targets(cfg, train.start_seed(cfg, 16))
+    assert len(fresh) == len(resumed) == 4 * distribute.resolve(cfg.runtime).replicas
+    assert resumed != fresh
+
+
 @pytest.mark.slow
 def test_data_and_run_directory_on_gcs(data_dir, gcs_bucket):
     """The Pod-slice layout: shards read from gs://, checkpoints, logs, metrics and export written to gs://."""
@@ -352,15 +389,21 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
 
 
 @pytest.mark.slow
-def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_run, tmp_path, capsys):
+def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_run, tmp_path, capsys, monkeypatch):
     _, output, _ = finished_run
     run = tmp_path / "run"
     copy_with_a_truncated_latest_checkpoint(output, run)
     capsys.readouterr()
-    metrics = train.train(config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"]))
+    seeds = []
+    feeds = train.training_dataset
+    monkeypatch.setattr(train, "training_dataset", lambda *args, seed: seeds.append(seed) or feeds(*args, seed=seed))
+    cfg = config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"])
+    metrics = train.train(cfg)
     printed = capsys.readouterr().out
     assert "ckpt-48 cannot be read" in printed and "resumed from step 40" in printed
     assert metrics["global_step"] == 56
+    # The resumed input is seeded for its start, not with the seed the run began with.
+    assert seeds == [train.start_seed(cfg, 40)] and seeds[0] != train.start_seed(cfg, 0)
 
 
 def test_the_calibration_never_exceeds_the_time_bound(data_dir, tmp_path, capsys):
@@ -528,3 +571,27 @@ def test_profile_with_no_job_listening_is_one_line():
         UserError, match=f"no profiler server answered on localhost:{port}.*runtime.profiler_port={port}"
     ):
         capture_profile.main(["--port", str(port), "--duration_ms", "100", "--logdir", "/tmp/unused-logs"])
+
+
+def test_a_profiler_port_in_use_is_one_warning_and_no_server(capsys):
+    """Another job's server on the port (TensorFlow would only log "Unable to bind", and a second
+    gRPC server could share the port with the first): one warning naming the key, no server started.
+    A port held but not listened on with port reuse (as tests hold one for the profiler) is free."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert train.start_profiler_server(port) is False
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 and printed[0].startswith(f"warning: profiler port {port} is in use"), printed
+    assert "runtime.profiler_port" in printed[0]
+    with socket.socket(socket.AF_INET6) as holder:
+        holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("::", 0))
+        assert train.profiler_port_is_free(holder.getsockname()[1])
+    with socket.socket() as plain:  # bound without port reuse: gRPC could not bind it
+        plain.bind(("0.0.0.0", 0))
+        assert not train.profiler_port_is_free(plain.getsockname()[1])

@@ -222,6 +222,51 @@ def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, s
     return dataset
 
 
+def profiler_port_is_free(port: int) -> bool:
+    """Whether the profiler server can have `port` to itself: nothing listens there, and its gRPC
+    server can bind it on every address (IPv6 and IPv4, with the port reuse gRPC asks for)."""
+    import socket
+
+    with socket.socket() as client:
+        client.settimeout(1.0)
+        if client.connect_ex(("127.0.0.1", port)) == 0:  # a server answers: gRPC would share the port with it
+            return False
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address = ("::", port)
+    except OSError:  # no IPv6 on this host
+        probe, address = socket.socket(socket.AF_INET), ("0.0.0.0", port)
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return False
+    return True
+
+
+def start_profiler_server(port: int) -> bool:
+    """Starts the server `make profile` captures from. On a port something else holds, TensorFlow
+    would only log that it cannot bind: this says so, and the run trains on without the server."""
+    if not profiler_port_is_free(port):
+        print(
+            f"warning: profiler port {port} is in use (another training job on this machine?): this run has "
+            "no profiler server; set runtime.profiler_port to a free port for `make profile`, or 0 for none",
+            flush=True,
+        )
+        return False
+    tf.profiler.experimental.server.start(port)
+    print(f"profiler server on port {port}: `make profile` captures a trace", flush=True)
+    return True
+
+
+def start_seed(cfg: config_lib.Config, initial_step: int) -> int:
+    """The training input's seed for a start at `initial_step`: a new one per start, so a resumed run
+    reads the train split in another order and does not replay the batches it began with."""
+    return cfg.runtime.seed + initial_step
+
+
 def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
     """(`train.steps_per_execution`, the measurements): measured on a model of its own when it is
     `auto` (benchmarks and tests; a run calibrates the model it trains, in `train`)."""
@@ -416,8 +461,7 @@ def train(cfg: config_lib.Config) -> dict:
     clock.start("start-up")
     print(f"resumed from step {initial_step}" if initial_step else "starting from step 0", flush=True)
     remaining = cfg.train.total_steps - initial_step
-    # A new seed per start, so a resumed run does not replay the batches it already saw.
-    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed + initial_step) if remaining > 0 else None
+    dataset = training_dataset(cfg, resolved, manifest, seed=start_seed(cfg, initial_step)) if remaining > 0 else None
 
     if auto and not finished:
         if calibration:
@@ -470,8 +514,7 @@ def train(cfg: config_lib.Config) -> dict:
         return record
 
     if cfg.runtime.profiler_port:
-        tf.profiler.experimental.server.start(cfg.runtime.profiler_port)
-        print(f"profiler server on port {cfg.runtime.profiler_port}: `make profile` captures a trace", flush=True)
+        start_profiler_server(cfg.runtime.profiler_port)
 
     writer = tf.summary.create_file_writer(run_path(output_dir, "logs", "train"))
     monitor = TrainingMonitor(
