@@ -168,8 +168,9 @@ def test_runs_are_deterministic(raw_dir, reference, tmp_path):
 
 
 class RecordingFit:
-    """The project's task, unchanged but for `fit`: it needs one, sees at most 5 payloads, and
-    writes what it was given to a file (Beam may run it in another thread or a copy of the task)."""
+    """The project's task, unchanged but for `fit`: it needs one, and writes what it was given to a
+    file (Beam may run it in another thread or a copy of the task). A task without a fit of its own
+    sees at most 5 payloads; one with a fit keeps its own `fit_sample_size`."""
 
     def __init__(self, task, record: Path):
         self.task, self.record = task, record
@@ -182,7 +183,7 @@ class RecordingFit:
     needs_fit = True
 
     def fit_sample_size(self, data) -> int:
-        return 5
+        return self.task.fit_sample_size(data) if self.task.needs_fit else 5
 
     def fit(self, train_payloads, data, workdir):
         import pickle
@@ -193,10 +194,13 @@ class RecordingFit:
 
 def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path, monkeypatch):
     """What preprocessing learns from the data (a tokenizer) comes from train examples only, and
-    from at most the task's fit_sample_size of them, the same ones on every run."""
+    from as many of them as the config bounds the task's sample to (Testing.fit_sample, e.g.
+    data.tokenizer_sample=5), the same ones on every run."""
     import pickle
 
     task = tasks.current()
+    bound = task.testing().fit_sample if task.needs_fit else ""
+    assert bound or not task.needs_fit, f"{task.name}: a task with a fit declares Testing.fit_sample"
     by_split = {"train": [], "eval": []}
     for relative in task.list_raw(str(raw_dir)).units:
         for example in task.read_raw(relative, (raw_dir / relative).read_bytes()):
@@ -206,9 +210,11 @@ def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path
     for run in range(2):
         recording = RecordingFit(task, tmp_path / f"fit-{run}.pickle")
         monkeypatch.setattr(tasks, "current", lambda recording=recording: recording)
-        run_preprocess(raw_dir, tmp_path / f"out-{run}", *ARGS)
+        run_preprocess(raw_dir, tmp_path / f"out-{run}", *ARGS, *([bound] if bound else []))
         seen.append(pickle.loads(recording.record.read_bytes()))
-    assert len(seen[0]) == 5 and seen[0] == seen[1]
+    expected = int(bound.split("=")[1]) if bound else 5
+    assert expected < len(by_split["train"])
+    assert len(seen[0]) == expected and seen[0] == seen[1]
     assert all(payload in by_split["train"] for payload in seen[0])
     assert not [payload for payload in seen[0] if payload in by_split["eval"]]
 

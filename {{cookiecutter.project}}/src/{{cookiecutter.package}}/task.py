@@ -115,6 +115,9 @@ class Testing:
     must refuse it with a message that repeats it, and doctor's data.manifest rule must fail on it."""
     predict_inputs: Callable[[Path, Path], list[str]] | None = None
     """(the small sample's folder, a scratch folder) -> the INPUT paths of a `make predict`."""
+    fit_sample: str = ""
+    """For a task with a fit: the override (`data.<key>=<n>`) that bounds its sample, n smaller than
+    the small sample's train split: preprocessing must give `fit` exactly n train payloads."""
 
 
 class Task:

@@ -280,6 +280,7 @@ class NewTask(Task):
             rejected=2,
             mismatch="data.num_features=3",
             predict_inputs=_clean_rows,
+            fit_sample="data.statistics_sample=5",
         )
 
 

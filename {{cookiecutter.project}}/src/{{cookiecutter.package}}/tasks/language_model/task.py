@@ -277,6 +277,7 @@ class LanguageModelTask(Task):
             rejected=4,
             mismatch="data.seq_len=48",
             predict_inputs=_two_prompts,
+            fit_sample="data.tokenizer_sample=5",
         )
 
 

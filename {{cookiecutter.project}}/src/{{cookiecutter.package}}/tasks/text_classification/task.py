@@ -183,6 +183,7 @@ class TextClassificationTask(ClassificationTask):
             rejected=4,
             mismatch="data.seq_len=48",
             predict_inputs=_two_texts,
+            fit_sample="data.tokenizer_sample=5",
         )
 
 
