@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import finished_run_of, selected, task_sample
-from {{ cookiecutter.package }} import input_pipeline, predict, preprocess, tasks
+from {{ cookiecutter.package }} import config, input_pipeline, predict, preprocess, tasks
 from {{ cookiecutter.package }}.task import RawExample
 from {{ cookiecutter.package }}.tasks.language_model import TASK, generate, packing
 from {{ cookiecutter.package }}.tasks.language_model.config import LanguageModelConfig
@@ -231,6 +231,14 @@ def test_greedy_generation_is_deterministic(lm_run, sample, tmp_path):
     assert predict.predict(str(output), inputs) == first
     assert len(first) == 2 and all(isinstance(fields["continuation"], str) for _, fields in first)
     assert tasks.current().name == NAME
+
+
+def test_a_window_needs_two_tokens(lm):
+    """The shared text keys' rules, with the language model's own shortest window."""
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(None, ["data.seq_len=1"])
+    assert str(raised.value) == "data.seq_len must be at least 2, got 1"
+    assert config.load(None, ["data.seq_len=2"]).data.seq_len == 2
 
 
 def test_a_prompt_longer_than_the_window_keeps_its_end():

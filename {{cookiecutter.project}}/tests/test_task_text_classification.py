@@ -14,7 +14,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import selected
 
+from {{ cookiecutter.package }} import config
 from {{ cookiecutter.package }}.errors import UserError
 from {{ cookiecutter.package }}.task import RawExample, RawRejection, Rejected
 from {{ cookiecutter.package }}.tasks.text_classification import TASK, doctor_rules, sample_data, tokenizer
@@ -229,6 +231,21 @@ def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy
     outputs = TASK.serving_signature(model, manifest, TASK.predict_config())(ids)
     assert outputs["class"].dtype == tf.int32 and outputs["class"].shape == (4,)
     np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("data.seq_len=0", "data.seq_len must be at least 1, got 0"),
+        ("data.vocab_size=4", "data.vocab_size must be at least 8, got 4"),
+        ("data.tokenizer_sample=0", "data.tokenizer_sample must be at least 1, got 0"),
+    ],
+)
+def test_text_data_keys_out_of_range_are_one_line_when_the_config_loads(override, line):
+    """Refused before any data is read, by the config the text tasks share."""
+    with selected(TASK.name), pytest.raises(config.ConfigError) as raised:
+        config.load(None, [override])
+    assert str(raised.value) == line
 
 
 def test_model_refuses_width_not_divisible_by_heads(fitted):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..text.config import TextDataConfig, TextModelConfig
 
@@ -14,6 +15,8 @@ class LanguageModelDataConfig(TextDataConfig):
     """Inputs per packed window: preprocessing concatenates the documents (each ending in the
     end-of-document id) and cuts them into windows of this many tokens, the targets shifted by one.
     A multiple of 128 on a TPU."""
+
+    min_seq_len: ClassVar[int] = 2  # a window needs a token to read and the next one to predict
 
 
 @dataclass

@@ -66,7 +66,6 @@ class LanguageModelTask(Task):
             yield from raw.read_text_file(relative, data, None)
 
     def fit(self, train_payloads: Sequence[Any], data: LanguageModelDataConfig, workdir: str) -> dict[str, bytes]:
-        _check_data(data)
         model = tokenizer.fit(train_payloads, data.vocab_size, data.tokenizer_sample, end_of_document=True)
         return {tokenizer.MODEL_FILE: model}
 
@@ -133,7 +132,6 @@ class LanguageModelTask(Task):
 
     # --------------------------------------------------------------- input (tf.data)
     def check_manifest(self, manifest: dict, data: LanguageModelDataConfig, data_dir: str) -> None:
-        _check_data(data)
         raw.check_shards(manifest, data, data_dir, "windows")
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
@@ -306,16 +304,6 @@ def _two_prompts(raw_dir: Path, scratch: Path) -> list[str]:
     path = scratch / "prompts.txt"
     path.write_text("Mia was a little fox who\nEvery morning, he walked to the\n")
     return [str(path)]
-
-
-def _check_data(data: LanguageModelDataConfig) -> None:
-    for key, value, least in (
-        ("data.seq_len", data.seq_len, 2),
-        ("data.vocab_size", data.vocab_size, 8),
-        ("data.tokenizer_sample", data.tokenizer_sample, 1),
-    ):
-        if value < least:
-            raise UserError(f"{key} must be at least {least}, got {value}")
 
 
 TASK = LanguageModelTask()

@@ -7,6 +7,7 @@ overrides them, e.g. `data.seq_len=256`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ... import config as config_lib
 
@@ -20,6 +21,18 @@ class TextDataConfig(config_lib.DataConfig):
     """SentencePiece vocabulary size trained by preprocessing (a small corpus may yield fewer)."""
     tokenizer_sample: int = 20000
     """At most this many train texts are used to train the tokenizer."""
+
+    min_seq_len: ClassVar[int] = 1  # the shortest `seq_len` the task can use
+
+    def problem(self) -> str | None:
+        for key, value, least in (
+            ("seq_len", self.seq_len, self.min_seq_len),
+            ("vocab_size", self.vocab_size, 8),
+            ("tokenizer_sample", self.tokenizer_sample, 1),
+        ):
+            if value < least:
+                return f"data.{key} must be at least {least}, got {value}"
+        return None
 
 
 @dataclass

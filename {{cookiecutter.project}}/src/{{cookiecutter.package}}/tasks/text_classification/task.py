@@ -54,7 +54,6 @@ class TextClassificationTask(ClassificationTask):
             yield from raw.read_text_file(relative, data, relative.split("/", 1)[0])
 
     def fit(self, train_payloads: Sequence[Any], data: TextDataConfig, workdir: str) -> dict[str, bytes]:
-        _check_data(data)
         return {tokenizer.MODEL_FILE: tokenizer.fit(train_payloads, data.vocab_size, data.tokenizer_sample)}
 
     def fit_sample_size(self, data: TextDataConfig) -> int:
@@ -103,7 +102,6 @@ class TextClassificationTask(ClassificationTask):
 
     # --------------------------------------------------------------- input (tf.data)
     def check_manifest(self, manifest: dict, data: TextDataConfig, data_dir: str) -> None:
-        _check_data(data)
         raw.check_shards(manifest, data, data_dir, "sequences")
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
@@ -191,16 +189,6 @@ def _two_texts(raw: Path, scratch: Path) -> list[str]:
     path = scratch / "texts.txt"
     path.write_text("The striker scored twice in the final minutes.\nBake the bread for forty minutes.\n")
     return [str(path)]
-
-
-def _check_data(data: TextDataConfig) -> None:
-    for key, value, least in (
-        ("data.seq_len", data.seq_len, 1),
-        ("data.vocab_size", data.vocab_size, 8),
-        ("data.tokenizer_sample", data.tokenizer_sample, 1),
-    ):
-        if value < least:
-            raise UserError(f"{key} must be at least {least}, got {value}")
 
 
 TASK = TextClassificationTask()
