@@ -27,15 +27,23 @@ def how_to_start(port: int) -> str:
     )
 
 
+def connection_error(host: str, port: int) -> OSError | None:
+    """Why nothing accepts connections on host:port, or None when something does."""
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_SECONDS).close()
+    except OSError as error:
+        return error
+    return None
+
+
 def check_listening(hosts: Sequence[str], port: int) -> None:
     """Fails in one line when nothing accepts connections on a host:port, before TensorFlow retries
     a capture three times and ends in a RuntimeError."""
     for host in hosts:
-        try:
-            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_SECONDS).close()
-        except OSError as error:
+        error = connection_error(host, port)
+        if error:
             reason = error.strerror or type(error).__name__
-            raise UserError(f"no profiler server answered on {host}:{port} ({reason}): {how_to_start(port)}") from None
+            raise UserError(f"no profiler server answered on {host}:{port} ({reason}): {how_to_start(port)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from . import config as config_lib
-from . import distribute, goodput, input_pipeline, precision, preemption, schedule, tasks
+from . import capture_profile, distribute, goodput, input_pipeline, precision, preemption, schedule, tasks
 from . import steps_per_execution as spe_lib
 from .errors import UserError, run_cli
 from .evaluate import describe, evaluate_model, run_path, write_eval_summaries, write_metrics
@@ -227,10 +227,10 @@ def profiler_port_is_free(port: int) -> bool:
     server can bind it on every address (IPv6 and IPv4, with the port reuse gRPC asks for)."""
     import socket
 
-    with socket.socket() as client:
-        client.settimeout(1.0)
-        if client.connect_ex(("127.0.0.1", port)) == 0:  # a server answers: gRPC would share the port with it
-            return False
+    if (
+        capture_profile.connection_error("127.0.0.1", port) is None
+    ):  # a server answers: gRPC would share the port with it
+        return False
     try:
         probe = socket.socket(socket.AF_INET6)
         probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
