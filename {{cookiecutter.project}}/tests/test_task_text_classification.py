@@ -84,6 +84,33 @@ def test_sample_data_is_listed_read_and_rejected_by_reason(small_raw):
     assert all(example.payload.strip() for example in examples)
 
 
+def test_the_small_sample_is_clearer_than_the_full_one(small_raw, tmp_path):
+    """--small texts are more on topic, so that a short run learns them: the nouns and adjectives
+    that belong to one topic only name the text's own topic more often than in the full sample."""
+    topics_per_word = Counter(
+        word for topic in sample_data.TOPICS.values() for kind in ("nouns", "adjectives") for word in topic[kind]
+    )
+    topic_of = {
+        word: name
+        for name, topic in sample_data.TOPICS.items()
+        for kind in ("nouns", "adjectives")
+        for word in topic[kind]
+        if topics_per_word[word] == 1
+    }
+
+    def on_topic_share(root: Path) -> float:
+        counts = Counter()
+        for path in root.glob("*/*.txt"):
+            for word in path.read_text(encoding="utf-8", errors="replace").lower().split():
+                if (topic := topic_of.get(word.strip(".,?"))) is not None:
+                    counts[topic == path.parent.name] += 1
+        return counts[True] / (counts[True] + counts[False])
+
+    TASK.write_sample_data(tmp_path, seed=0, small=False)
+    full, small = on_topic_share(tmp_path), on_topic_share(small_raw)
+    assert small > full + 0.15 and small > 0.85, (small, full)
+
+
 def test_sample_data_is_deterministic(tmp_path):
     for name in ("a", "b"):
         sample_data.write_dataset(tmp_path / name, texts_per_class=3, jsonl_lines=4, seed=7)

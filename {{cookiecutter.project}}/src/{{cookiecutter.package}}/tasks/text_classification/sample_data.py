@@ -481,7 +481,7 @@ def write_dataset(
     jsonl_lines: int,
     seed: int = 0,
     broken: bool = True,
-    topic_share: tuple[float, float] = TOPIC_SHARE,
+    topic_share_range: tuple[float, float] = TOPIC_SHARE,
 ) -> dict:
     """Writes the folder; returns counts of what it wrote."""
     rng = np.random.default_rng(seed)
@@ -490,13 +490,13 @@ def write_dataset(
         folder = output / topic
         folder.mkdir(exist_ok=True)
         for index in range(texts_per_class):
-            (folder / f"{index:05d}.txt").write_text(make_text(topic, rng, topic_share), encoding="utf-8")
+            (folder / f"{index:05d}.txt").write_text(make_text(topic, rng, topic_share_range), encoding="utf-8")
     labels = list(TOPICS)
     lines = []
     for index in range(jsonl_lines):
         label = labels[int(rng.integers(len(labels)))]
         # JSON Lines usually holds one-paragraph texts; extra keys such as "id" are ignored.
-        text = " ".join(make_text(label, rng, topic_share).split())
+        text = " ".join(make_text(label, rng, topic_share_range).split())
         lines.append(json.dumps({"id": index, "text": text, "label": label}, ensure_ascii=False))
     rejected = 0
     if broken:
@@ -524,8 +524,8 @@ def write_sample_data(output: Path, seed: int = 0, small: bool = False) -> str:
     """The task's sample set: 5 x 640 text files + 300 JSON Lines (small: 5 x 50 + 50, with clearer
     topics: SMALL_TOPIC_SHARE)."""
     texts_per_class, jsonl_lines = (50, 50) if small else (640, 300)
-    share = SMALL_TOPIC_SHARE if small else TOPIC_SHARE
-    counts = write_dataset(Path(output), texts_per_class, jsonl_lines, seed, topic_share=share)
+    shares = SMALL_TOPIC_SHARE if small else TOPIC_SHARE
+    counts = write_dataset(Path(output), texts_per_class, jsonl_lines, seed, topic_share_range=shares)
     return (
         f"wrote {counts['texts']} texts in {counts['classes']} topics to {output}/ "
         f"({texts_per_class} .txt files per topic folder + {jsonl_lines} lines of extra.jsonl), "
