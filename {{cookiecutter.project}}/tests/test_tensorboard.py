@@ -2,9 +2,12 @@
 BIND_ALL=1; `make tpu-tunnel` is how a laptop reaches a TPU VM's TensorBoard and profiler."""
 
 import os
+import queue
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,14 +16,7 @@ import pytest
 from conftest import PROJECT
 
 LISTEN = "0A"  # the TCP state in /proc/net/tcp*
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+SERVING = re.compile(r"^TensorBoard \S+ at http://\S+:(\d+)/")
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -44,24 +40,36 @@ ANY = {"00000000", "0" * 32}  # 0.0.0.0 and ::
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the listening sockets from Linux's /proc")
 @pytest.mark.parametrize("bind_all", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_tensorboard_listens_on_loopback_unless_bind_all(tmp_path, bind_all):
-    port = free_port()
     (tmp_path / "logs").mkdir()
-    command = ["make", "--no-print-directory", "tensorboard", f"VENV={sys.prefix}", f"TENSORBOARD_PORT={port}"]
+    # TENSORBOARD_PORT=0: the server binds a port the system picks and names it in its serving line,
+    # so no other process can take the port between choosing it and binding it.
+    command = ["make", "--no-print-directory", "tensorboard", f"VENV={sys.prefix}", "TENSORBOARD_PORT=0"]
     command += [f"RUN_DIR={tmp_path}", *(["BIND_ALL=1"] if bind_all else [])]
     server = subprocess.Popen(
         command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True)
+    reader.start()
+    seen: list[str] = []
     try:
-        deadline = time.monotonic() + 180
-        while not listening_addresses(port):
-            assert server.poll() is None, server.stdout.read()
-            assert time.monotonic() < deadline, f"nothing listens on port {port}"
-            time.sleep(0.5)
+        port, deadline = None, time.monotonic() + 180
+        while port is None:
+            assert server.poll() is None or not lines.empty(), f"make tensorboard exited:\n{''.join(seen)}"
+            assert time.monotonic() < deadline, f"no serving line within 180 s:\n{''.join(seen)}"
+            try:
+                seen.append(lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            serving = SERVING.match(seen[-1])
+            port = int(serving.group(1)) if serving else None
         time.sleep(1)  # TensorBoard may open its IPv6 and IPv4 sockets one after the other
         addresses = listening_addresses(port)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        output = server.communicate(timeout=60)[0]
+        server.wait(timeout=60)
+        reader.join(timeout=10)
+    output = "".join(seen + list(lines.queue))
     if bind_all:
         assert addresses & ANY, addresses
         assert "warning: BIND_ALL=1 serves" in output
