@@ -172,12 +172,18 @@ def finished_run_of(task_name: str, tmp_path_factory):
             # The model training starts from (same seed): what the headline metric moves away from.
             resolved = distribute.resolve(cfg.runtime)
             manifest = input_pipeline.read_manifest(str(data), cfg.data)
-            precision.set_policy("bfloat16")
-            keras.utils.set_random_seed(cfg.runtime.seed)
-            with resolved.strategy.scope():
-                untrained = compile_model(build_model(cfg, manifest), cfg.train, 1)
-            initial = evaluate_model(untrained, resolved.strategy, cfg, manifest)
-            metrics = train.train(cfg)
+            # Training sets Keras' global precision policy; the tests after it find the one they had,
+            # whichever of them made the run.
+            policy = keras.mixed_precision.global_policy()
+            try:
+                precision.set_policy("bfloat16")
+                keras.utils.set_random_seed(cfg.runtime.seed)
+                with resolved.strategy.scope():
+                    untrained = compile_model(build_model(cfg, manifest), cfg.train, 1)
+                initial = evaluate_model(untrained, resolved.strategy, cfg, manifest)
+                metrics = train.train(cfg)
+            finally:
+                keras.mixed_precision.set_global_policy(policy)
         _RUNS[task_name] = cfg, output, metrics, initial
     return _RUNS[task_name]
 

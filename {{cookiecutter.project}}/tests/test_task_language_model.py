@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from conftest import finished_run_of, selected, task_sample
 from {{ cookiecutter.package }} import config, input_pipeline, predict, preprocess, tasks
+from {{ cookiecutter.package }}.keras import keras
 from {{ cookiecutter.package }}.task import RawExample
 from {{ cookiecutter.package }}.tasks.language_model import TASK, generate, packing
 from {{ cookiecutter.package }}.tasks.language_model.config import LanguageModelConfig
@@ -114,9 +115,16 @@ SEQ_LEN, VOCAB = 16, 40
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    tf.keras.utils.set_random_seed(0)
-    config = LanguageModelConfig(width=32, depth=2, heads=2, mlp_width=64, dropout=0.0)
-    return build_model(config, SEQ_LEN, VOCAB)
+    """Built in float32 whatever an earlier test on this worker left as Keras' global policy (a run
+    in bfloat16 would change the logits the tolerances below compare)."""
+    policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        keras.utils.set_random_seed(0)
+        config = LanguageModelConfig(width=32, depth=2, heads=2, mlp_width=64, dropout=0.0)
+        return build_model(config, SEQ_LEN, VOCAB)
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
 
 
 def logits_of(model, inputs, segment_ids, positions):
