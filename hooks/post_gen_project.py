@@ -1,8 +1,8 @@
 """Finishes a generated project: keeps only the chosen task, records the template and the answers,
 and makes the scripts executable.
 
-The template carries every task (src/<package>/tasks/<task>/ and tests/test_<task>.py); a baked
-project holds only its own, so no file in it refers to code it does not have.
+The template carries every task (src/<package>/tasks/<task>/ and tests/test_task_<task>.py); a
+baked project holds only its own, so no file in it refers to code it does not have.
 
 The template, its commit and the answers go to `.cruft.json`, in the format of cruft, which
 `make template-update` uses to bring the project up to a newer template (see the template README).

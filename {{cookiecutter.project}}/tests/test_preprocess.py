@@ -180,16 +180,16 @@ class RecordingFit:
             raise AttributeError(name)
         return getattr(self.task, name)
 
-    needs_fit = True
+    needs_fit = True  # a stand-in, not a Task subclass: it cannot derive this from overriding `fit`
 
-    def fit_sample_size(self, data) -> int:
-        return self.task.fit_sample_size(data) if self.task.needs_fit else 5
+    def fit_sample_size(self, data_config) -> int:
+        return self.task.fit_sample_size(data_config) if self.task.needs_fit else 5
 
-    def fit(self, train_payloads, data, workdir):
+    def fit(self, train_payloads, data_config, workdir):
         import pickle
 
         self.record.write_bytes(pickle.dumps(list(train_payloads)))
-        return self.task.fit(train_payloads, data, workdir) if self.task.needs_fit else {}
+        return self.task.fit(train_payloads, data_config, workdir) if self.task.needs_fit else {}
 
 
 def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path, monkeypatch):

@@ -172,8 +172,8 @@ def test_jpeg_shards_round_trip_with_static_shapes(tmp_path):
         "encoding": "jpeg",
         "quality": features.JPEG_QUALITY,
     }
-    data = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"]).data
-    manifest = input_pipeline.read_manifest(str(output), data)  # the code accepts its own JPEG spec
+    data_config = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"]).data
+    manifest = input_pipeline.read_manifest(str(output), data_config)  # the code accepts its own JPEG spec
 
     files, counts = input_pipeline.split_files(str(output), manifest, "train")
     for training in (True, False):
@@ -231,8 +231,8 @@ def test_training_crops_and_flips_evaluation_does_not(encoding):
         [features.encode(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), label, encoding) for label in range(8)]
     )
     manifest = {"image_size": 16, "image_encoding": encoding, "num_classes": 8}
-    data = config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"]).data
-    TASK.check_manifest(manifest, data, "data")
+    data_config = config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"]).data
+    TASK.check_manifest(manifest, data_config, "data")
 
     first, second = (TASK.parse_batch(records, manifest, training=True)[0].numpy() for _ in range(2))
     assert first.shape == (8, 16, 16, 3) and not np.array_equal(first, second)
@@ -267,13 +267,13 @@ def test_predict_sees_what_evaluation_sees(tmp_path, encoding):
 
 def test_the_shards_encoding_must_match_the_config(tmp_path):
     manifest = {"image_size": 16, "image_encoding": "raw"}
-    data = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg"]).data
+    data_config = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg"]).data
     with pytest.raises(
         UserError,
         match="data.image_encoding=jpeg but the shards in d store raw images; "
         "set data.image_encoding=raw or re-run `make preprocess`",
     ):
-        TASK.check_manifest(manifest, data, "d")
+        TASK.check_manifest(manifest, data_config, "d")
 
 
 def test_csv_index_with_and_without_ml_use(tmp_path):

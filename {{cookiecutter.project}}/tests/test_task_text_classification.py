@@ -49,14 +49,14 @@ def small_raw(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fitted(small_raw) -> tuple[TextDataConfig, dict, list[RawExample], list[str]]:
     """(data config, artifacts, examples, label names) after fitting the tokenizer on the small sample."""
-    data = TextDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
+    data_config = TextDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
     examples, _ = read_all(small_raw)
-    artifacts = TASK.fit([example.payload for example in examples], data, str(small_raw))
-    return data, artifacts, examples, sorted({example.target for example in examples})
+    artifacts = TASK.fit([example.payload for example in examples], data_config, str(small_raw))
+    return data_config, artifacts, examples, sorted({example.target for example in examples})
 
 
-def manifest_for(data: TextDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
-    return TASK.manifest_fields(data, artifacts, {}, [f"topic{index}" for index in range(num_classes)])
+def manifest_for(data_config: TextDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
+    return TASK.manifest_fields(data_config, artifacts, {}, [f"topic{index}" for index in range(num_classes)])
 
 
 @pytest.fixture
@@ -138,8 +138,8 @@ def test_read_raw_json_lines_by_line():
         json.dumps({"text": "a number label", "label": 3}),
         json.dumps({"text": "   ", "label": "ok"}),
     ]
-    data = ("\n".join(lines) + "\n").encode("utf-8") + b'{"text": "caf\xe9", "label": "ok"}\n'
-    items = list(TASK.read_raw("more.jsonl", data))
+    raw_bytes = ("\n".join(lines) + "\n").encode("utf-8") + b'{"text": "caf\xe9", "label": "ok"}\n'
+    items = list(TASK.read_raw("more.jsonl", raw_bytes))
     assert items[0] == RawExample("more.jsonl:1", "ok", "a fine text")
     assert [(item.source, item.reason) for item in items[1:]] == [
         ("more.jsonl:3", "not_json"),
@@ -161,12 +161,12 @@ def test_list_raw_without_texts_says_what_to_do(tmp_path):
 
 
 def test_tokenizer_fit_is_deterministic(fitted):
-    data, artifacts, examples, _ = fitted
+    data_config, artifacts, examples, _ = fitted
     texts = [example.payload for example in examples]
-    again = TASK.fit(list(reversed(texts)), data, "unused")  # order must not matter
+    again = TASK.fit(list(reversed(texts)), data_config, "unused")  # order must not matter
     assert again[tokenizer.MODEL_FILE] == artifacts[tokenizer.MODEL_FILE]
-    manifest = manifest_for(data, artifacts)
-    assert 0 < manifest["vocab_size"] <= data.vocab_size
+    manifest = manifest_for(data_config, artifacts)
+    assert 0 < manifest["vocab_size"] <= data_config.vocab_size
     assert manifest["tokenizer"]["sha256"] == hashlib.sha256(artifacts[tokenizer.MODEL_FILE]).hexdigest()
     pieces = tokenizer.processor(artifacts[tokenizer.MODEL_FILE])
     assert (pieces.IdToPiece(0), pieces.unk_id(), pieces.bos_id(), pieces.eos_id()) == ("<pad>", 1, -1, -1)
@@ -177,19 +177,19 @@ def test_tokenizer_fit_is_deterministic(fitted):
 def test_encode_parse_round_trip_pads_and_truncates(fitted):
     import tensorflow as tf
 
-    data, artifacts, _, _ = fitted
+    data_config, artifacts, _, _ = fitted
     short = RawExample("a/1.txt", "a", "The chef baked bread.")
     long = RawExample("b/2.txt", "b", "The team scored a goal after halftime. " * 10)
     categories = ["x", "b", "y", "a"]
-    records, stats = zip(*(TASK.encode(example, categories, data, artifacts) for example in (short, long)))
+    records, stats = zip(*(TASK.encode(example, categories, data_config, artifacts) for example in (short, long)))
     full_long = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], long.payload)
     full_short = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], short.payload)
     assert len(full_long) > SEQ_LEN > len(full_short) > 0
     assert stats[0] == {"examples": 1, "tokens": len(full_short), "truncated": 0, "kept_tokens": len(full_short)}
     assert stats[1] == {"examples": 1, "tokens": len(full_long), "truncated": 1, "kept_tokens": SEQ_LEN}
 
-    padding = TASK.padding_record(manifest_for(data, artifacts))
-    ids, labels = TASK.parse_batch(tf.constant([*records, padding]), manifest_for(data, artifacts))
+    padding = TASK.padding_record(manifest_for(data_config, artifacts))
+    ids, labels = TASK.parse_batch(tf.constant([*records, padding]), manifest_for(data_config, artifacts))
     assert ids.shape == (3, SEQ_LEN) and ids.dtype == tf.int32 and labels.dtype == tf.int32  # static shape
     ids = ids.numpy()
     assert ids[0, : len(full_short)].tolist() == full_short and not ids[0, len(full_short) :].any()  # pad id 0
@@ -199,16 +199,16 @@ def test_encode_parse_round_trip_pads_and_truncates(fitted):
 
 
 def test_encode_rejects_text_without_tokens(fitted):
-    data, artifacts, _, _ = fitted
+    data_config, artifacts, _, _ = fitted
     with pytest.raises(Rejected) as raised:
-        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), ["a"], data, artifacts)  # a zero-width space only
+        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), ["a"], data_config, artifacts)  # a zero-width space only
     assert raised.value.reason == "empty"
 
 
 def test_manifest_length_statistics(fitted):
-    data, artifacts, _, _ = fitted
+    data_config, artifacts, _, _ = fitted
     stats = {"examples": 4, "tokens": 80, "truncated": 2, "kept_tokens": 48}
-    fields = TASK.manifest_fields(data, artifacts, stats, ["a", "b"])
+    fields = TASK.manifest_fields(data_config, artifacts, stats, ["a", "b"])
     assert (fields["label_names"], fields["num_classes"]) == (["a", "b"], 2)
     assert fields["seq_len"] == SEQ_LEN and fields["tokenizer"]["file"] == tokenizer.MODEL_FILE
     assert fields["length_stats"] == {"mean_tokens": 20.0, "share_truncated": 0.5, "mean_padding": 0.25}
@@ -218,22 +218,22 @@ def test_manifest_length_statistics(fitted):
 
 
 def test_check_manifest_refuses_mismatched_shards(fitted, tmp_path):
-    data, artifacts, _, _ = fitted
-    manifest = manifest_for(data, artifacts)
+    data_config, artifacts, _, _ = fitted
+    manifest = manifest_for(data_config, artifacts)
     with pytest.raises(UserError, match="tokenizer .* is missing"):
-        TASK.check_manifest(manifest, data, str(tmp_path))
+        TASK.check_manifest(manifest, data_config, str(tmp_path))
     (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
-    TASK.check_manifest(manifest, data, str(tmp_path))  # matching shards pass
+    TASK.check_manifest(manifest, data_config, str(tmp_path))  # matching shards pass
     with pytest.raises(UserError, match="data.seq_len=16"):
         TASK.check_manifest(manifest, TextDataConfig(seq_len=32, vocab_size=1000), str(tmp_path))
     (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE] + b"x")
     with pytest.raises(UserError, match="shards and tokenizer do not match"):
-        TASK.check_manifest(manifest, data, str(tmp_path))
+        TASK.check_manifest(manifest, data_config, str(tmp_path))
 
 
 def test_synthetic_batch_is_shaped_like_a_parsed_batch(fitted):
-    data, artifacts, _, _ = fitted
-    manifest = manifest_for(data, artifacts)
+    data_config, artifacts, _, _ = fitted
+    manifest = manifest_for(data_config, artifacts)
     ids, labels = TASK.synthetic_batch(8, manifest)
     assert ids.shape == (8, SEQ_LEN) and ids.dtype.name == "int32" and labels.shape == (8,)
     assert ids.numpy().min() >= 2 and ids.numpy().max() < manifest["vocab_size"]
@@ -245,8 +245,8 @@ def test_synthetic_batch_is_shaped_like_a_parsed_batch(fitted):
 def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy):
     import tensorflow as tf
 
-    data, artifacts, _, _ = fitted
-    manifest = manifest_for(data, artifacts)
+    data_config, artifacts, _, _ = fitted
+    manifest = manifest_for(data_config, artifacts)
     model = TASK.build_model(TextModelConfig(width=32, depth=1, heads=2, mlp_width=64), manifest)
     assert model.name == "transformer" and model.input_names == ["ids"]
     assert model.get_layer("token_embedding").input_dim % 128 == 0
@@ -276,14 +276,14 @@ def test_text_data_keys_out_of_range_are_one_line_when_the_config_loads(override
 
 
 def test_model_refuses_width_not_divisible_by_heads(fitted):
-    data, artifacts, _, _ = fitted
+    data_config, artifacts, _, _ = fitted
     with pytest.raises(UserError, match="model.heads"):
-        TASK.build_model(TextModelConfig(width=30, heads=4), manifest_for(data, artifacts))
+        TASK.build_model(TextModelConfig(width=30, heads=4), manifest_for(data_config, artifacts))
 
 
 def test_predict_inputs_tokenizes_each_line(fitted, tmp_path):
-    data, artifacts, _, _ = fitted
-    manifest = manifest_for(data, artifacts)
+    data_config, artifacts, _, _ = fitted
+    manifest = manifest_for(data_config, artifacts)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
     export = tmp_path / "export"
@@ -316,15 +316,15 @@ def test_sample_data_is_learnable(tmp_path):
     sample_data.write_dataset(tmp_path, texts_per_class=300, jsonl_lines=0, seed=1)
     examples, _ = read_all(tmp_path)
     labels = sorted({example.target for example in examples})
-    data = TextDataConfig(seq_len=64)
+    data_config = TextDataConfig(seq_len=64)
     train = [example for example in examples if not is_eval(example.source)]
     held_out = [example for example in examples if is_eval(example.source)]
-    artifacts = TASK.fit([example.payload for example in train], data, str(tmp_path))
-    manifest = manifest_for(data, artifacts, len(labels))
+    artifacts = TASK.fit([example.payload for example in train], data_config, str(tmp_path))
+    manifest = manifest_for(data_config, artifacts, len(labels))
 
     def batch(subset):
         return TASK.parse_batch(
-            tf.constant([TASK.encode(example, labels, data, artifacts)[0] for example in subset]),
+            tf.constant([TASK.encode(example, labels, data_config, artifacts)[0] for example in subset]),
             manifest,
         )
 

@@ -1,17 +1,34 @@
 """The seam between the shared TPU machinery and a task: what a task must provide.
 
 Everything else (config loading, strategy, the Beam record plumbing, the tf.data skeleton,
-schedule, steps_per_execution, the training monitor, evaluation, export, doctor's engine and
+schedule, steps_per_execution, the trainer and its callbacks, evaluation, export, doctor's engine and
 the benchmarks) is shared and imports no task code; it reaches the task through `tasks.current()`.
 
-A task is a package under `tasks/` whose `TASK` object implements `Task`:
+A task is a package under `tasks/` whose `TASK` object implements `Task`. Every member of the
+contract, in the order the data flows through them; * marks the required ones (abstract in `Task`:
+`tasks.load` refuses a task that leaves one out, in one line naming it and the task's file):
 
-    preprocessing (Beam workers)  list_raw -> read_raw -> [fit] -> encode -> [pack]
-    input (tf.data)               check_manifest, parse_batch, padding_record, synthetic_batch
-    model                         build_model
-    objective                     loss, metrics, headline_metric, higher_is_better
-    serving                       serving_signature, export_assets, predict_inputs, predictions
-    the rest                      write_sample_data, doctor_rules, describe_data, output_layers
+    config                  name*, data_config*, model_config*, predict_config
+    listing                 raw_format*, list_raw*
+    reading                 read_raw*, reject_reasons
+    fit                     fit, fit_sample_size, needs_fit
+    encode                  categorical_targets, encode*
+    pack                    pack, bytes_per_example*
+    feature spec, manifest  feature_spec*, manifest_fields
+    input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
+    model                   build_model*, output_layers
+    objective               loss*, metrics, headline_metric, higher_is_better
+    serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
+    sample data, tests      write_sample_data*, testing
+    doctor                  nominal_manifest*, width_fix, doctor_rules
+
+Listing to manifest runs in preprocessing (the Beam workers), input parsing to objective in training
+(tf.data and the Keras model), serving in the export and `make predict`. `needs_fit` is derived, not
+set: a task that overrides `fit` has one.
+
+Parameters are named for what they hold: `data_config`, `model_config` and `predict_config` are the
+config's `data:`, `model:` and `predict:` sections (instances of the task's dataclasses of the same
+names), `model` is a Keras model, `raw_bytes` the content of one raw file.
 
 The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
 reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
@@ -24,7 +41,8 @@ A new model for the same data changes only the task's `model.py`; a new raw form
 
 from __future__ import annotations
 
-import dataclasses
+import abc
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -120,61 +138,104 @@ class Testing:
     the small sample's train split: preprocessing must give `fit` exactly n train payloads."""
 
 
-class Task:
-    """The contract. Subclass it in `tasks/<name>/task.py` and set `TASK = YourTask()`."""
+class IncompleteTask(TypeError):
+    """Raised on instantiating a `Task` subclass that leaves required members out. A TypeError, as
+    ABC's own refusal is, but one that carries the class and the missing names (in the contract's
+    order) for `tasks.load`'s one-line error, instead of a message whose wording changes between
+    Python versions."""
 
-    name: str = ""
-    data_config: type = object
-    """Dataclass of the `data:` section: the shared `config.DataConfig` plus this task's keys.
-    Every field has a type hint (it drives the one conversion rule) and a docstring; an optional
-    `problem()` method returns a one-line error for values that break a rule, else None."""
-    model_config: type = object
-    """Dataclass of the `model:` section, with the same conventions."""
+    def __init__(self, task_class: type, missing: list[str]):
+        super().__init__(f"{task_class.__qualname__} does not implement {', '.join(missing)}")
+        self.task_class = task_class
+        self.missing = missing
+        # Found now: a module whose import fails leaves sys.modules, and with it what getfile reads.
+        self.task_file = inspect.getfile(task_class)
+
+
+class Task(abc.ABC):
+    """The contract. Subclass it in `tasks/<name>/task.py` and set `TASK = YourTask()`.
+
+    The required members are abstract: a subclass that leaves one out cannot be instantiated. The
+    required attributes are declared as abstract properties only so that ABC counts them; a task
+    sets each as a plain class attribute (`name = "my_task"`)."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls.__abstractmethods__:
+            order = [member for member in vars(Task) if member in cls.__abstractmethods__]
+            raise IncompleteTask(cls, order + sorted(set(cls.__abstractmethods__) - set(order)))
+        return super().__new__(cls)
+
+    # --------------------------------------------------------------- config
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The task's name: its package's folder under tasks/, which a config's `task:` key names."""
+
+    @property
+    @abc.abstractmethod
+    def data_config(self) -> type:
+        """Dataclass of the `data:` section: the shared `config.DataConfig` plus this task's keys.
+        Every field has a type hint (it drives the one conversion rule) and a docstring; an optional
+        `problem()` method returns a one-line error for values that break a rule, else None."""
+
+    @property
+    @abc.abstractmethod
+    def model_config(self) -> type:
+        """Dataclass of the `model:` section, with the same conventions."""
+
     predict_config: type = NoKeys
     """Dataclass of the `predict:` section: what the export serves beyond the model (e.g. how many
     tokens a generator writes per prompt), given to `serving_signature`; no keys by default."""
-    raw_format: str = ""
-    """One line that says what RAW must look like (used in errors and help)."""
-    reject_reasons: dict[str, str] = {}
-    """Why an input was rejected: code -> meaning (counted in the manifest and Beam metrics)."""
-    needs_fit: bool = False
-    """True when encoding needs something learned from the train split first (a tokenizer)."""
-    categorical_targets: bool = False
-    """True when `RawExample.target` names a category: preprocessing then collects the sorted
-    category names of the whole input and hands them to `encode` and `manifest_fields`."""
-    headline_metric: str = "loss"
-    """The metric that judges a run: the name of one of `metrics()`, or `loss`. The best periodic
-    evaluation is kept by it, and metrics.json records it as `best_<name>`."""
-    higher_is_better: bool = False
-    """Whether a larger `headline_metric` is better (accuracy) or a smaller one (loss, error)."""
 
-    # --------------------------------------------------------------- preprocessing (Beam)
+    # --------------------------------------------------------------- listing
+    @property
+    @abc.abstractmethod
+    def raw_format(self) -> str:
+        """One line that says what RAW must look like (used in errors and help)."""
+
+    @abc.abstractmethod
     def list_raw(self, input_root: str) -> Listing:
         """Lists RAW (local or gs://); raises UserError when it holds no raw input."""
-        raise NotImplementedError
 
-    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
-        """The examples (or rejections) in one listed file, given its bytes."""
-        raise NotImplementedError
+    # --------------------------------------------------------------- reading
+    @abc.abstractmethod
+    def read_raw(self, relative: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
+        """The examples (or rejections) in one listed file, given its content."""
 
-    def fit(self, train_payloads: Sequence[Any], data: Any, workdir: str) -> dict[str, bytes]:
-        """Learns what encoding needs from a bounded sample of train payloads (when `needs_fit`);
-        returns artifacts by file name, written beside the shards."""
+    reject_reasons: dict[str, str] = {}
+    """Why an input was rejected: code -> meaning (counted in the manifest and Beam metrics)."""
+
+    # --------------------------------------------------------------- fit
+    def fit(self, train_payloads: Sequence[Any], data_config: Any, workdir: str) -> dict[str, bytes]:
+        """Learns what encoding needs (a tokenizer, statistics) from a bounded sample of train
+        payloads; returns artifacts by file name, written beside the shards. A task that encodes
+        without one leaves this out, and preprocessing then skips the step."""
         return {}
 
-    def fit_sample_size(self, data: Any) -> int:
+    def fit_sample_size(self, data_config: Any) -> int:
         """How many train payloads `fit` sees at most (a bounded, hash-chosen sample)."""
         return 0
 
+    @property
+    def needs_fit(self) -> bool:
+        """Whether encoding needs `fit` first: derived from whether the task overrides it."""
+        return type(self).fit is not Task.fit
+
+    # --------------------------------------------------------------- encode
+    categorical_targets: bool = False
+    """True when `RawExample.target` names a category: preprocessing then collects the sorted
+    category names of the whole input and hands them to `encode` and `manifest_fields`."""
+
+    @abc.abstractmethod
     def encode(
-        self, example: RawExample, categories: Sequence[str], data: Any, artifacts: dict[str, bytes]
+        self, example: RawExample, categories: Sequence[str], data_config: Any, artifacts: dict[str, bytes]
     ) -> tuple[bytes, dict]:
         """(serialized tf.train.Example, additive statistics such as {'tokens': 42}); raises
         `Rejected` for an input that does not decode. `categories` are the sorted category names
         (with `categorical_targets`; empty otherwise)."""
-        raise NotImplementedError
 
-    def pack(self, split: str, records: Sequence[bytes], data: Any) -> tuple[list[bytes], dict]:
+    # --------------------------------------------------------------- pack
+    def pack(self, split: str, records: Sequence[bytes], data_config: Any) -> tuple[list[bytes], dict]:
         """The records one shard writes, from its encoded examples in their stable order: by default
         the examples themselves. A task whose records span several examples (documents packed
         into fixed windows of tokens) returns its own, and additive statistics of them
@@ -182,110 +243,119 @@ class Task:
         The manifest's and the input pipeline's example counts are the records returned here."""
         return list(records), {}
 
-    def feature_spec(self, data: Any) -> dict:
-        """JSON description of an example: written into the manifest, compared at start-up."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def bytes_per_example(self, data_config: Any) -> int:
+        """Estimated bytes of one record, for sizing shards."""
 
-    def manifest_fields(self, data: Any, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]) -> dict:
+    # --------------------------------------------------------------- feature spec, manifest
+    @abc.abstractmethod
+    def feature_spec(self, data_config: Any) -> dict:
+        """JSON description of an example: written into the manifest, compared at start-up."""
+
+    def manifest_fields(
+        self, data_config: Any, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]
+    ) -> dict:
         """Task facts for manifest.json (e.g. image_size; the tokenizer's file and sha256; the
         category names)."""
         return {}
 
-    def bytes_per_example(self, data: Any) -> int:
-        """Estimated bytes of one record, for sizing shards."""
-        raise NotImplementedError
+    # --------------------------------------------------------------- input parsing (tf.data)
+    def check_manifest(self, manifest: dict, data_config: Any, data_dir: str) -> None:
+        """Raises UserError when the shards do not fit the config (size, tokenizer, ...); by default
+        any shards with the task's `feature_spec` do."""
+        return None
 
-    # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data: Any, data_dir: str) -> None:
-        """Raises UserError when the shards do not fit the config (size, tokenizer, ...)."""
-
+    @abc.abstractmethod
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         """A batch of serialized examples -> (features, targets), with static shapes.
         `training` is True for the train split: the place for random augmentation, which runs here,
         on the host, inside the input pipeline's parallel map; False gives deterministic features."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def padding_record(self, manifest: dict) -> bytes:
         """One valid serialized example, used with weight 0 to pad evaluation."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def synthetic_batch(self, batch_size: int, manifest: dict):
         """(features, targets) of random data shaped like a parsed batch (benchmarks)."""
-        raise NotImplementedError
 
     def describe_data(self, manifest: dict) -> str:
         """A few words on the examples, e.g. '4 classes, 32px images' (for the start-up line)."""
         return ""
 
     # --------------------------------------------------------------- model
-    def build_model(self, model: Any, manifest: dict):
+    @abc.abstractmethod
+    def build_model(self, model_config: Any, manifest: dict):
         """A Keras model from parsed features to what `loss` compares with the targets; its
         outputs are float32 (under mixed bfloat16, cast the last layer's output)."""
-        raise NotImplementedError
 
     def output_layers(self, model) -> list[str]:
-        """Names of the layers that produce the model's outputs (their widths are set by the data,
-        not by choice: `make doctor`'s width rules leave them alone)."""
+        """Names of the layers of the Keras `model` that produce its outputs (their widths are set
+        by the data, not by choice: `make doctor`'s width rules leave them alone)."""
         return list(model.output_names)
 
     # --------------------------------------------------------------- objective
+    @abc.abstractmethod
     def loss(self):
         """The Keras loss training minimises (from the model's float32 outputs). Its `call(targets,
         outputs)` gives one value per example: evaluation weights those to count every real example
         once and reports their mean as `loss`."""
-        raise NotImplementedError
 
     def metrics(self) -> list:
         """Keras metrics reported in training logs, evaluation, TensorBoard and metrics.json under
         their names (weighted like the loss). New instances on every call."""
         return []
 
-    # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict: Any) -> Callable:
-        """A tf.function with an input signature: model inputs -> a dict of named outputs. `predict`
-        is the config's `predict:` section (an instance of `predict_config`)."""
-        raise NotImplementedError
+    headline_metric: str = "loss"
+    """The metric that judges a run: the name of one of `metrics()`, or `loss`. The best periodic
+    evaluation is kept by it, and metrics.json records it as `best_<name>`."""
+    higher_is_better: bool = False
+    """Whether a larger `headline_metric` is better (accuracy) or a smaller one (loss, error)."""
+
+    # --------------------------------------------------------------- serving, predict
+    @abc.abstractmethod
+    def serving_signature(self, model, manifest: dict, predict_config: Any) -> Callable:
+        """A tf.function with an input signature: the Keras `model`'s inputs -> a dict of named
+        outputs. `predict_config` is the config's `predict:` section (an instance of the task's
+        `predict_config`)."""
 
     def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
         """Files that `predict` needs beside the SavedModel (e.g. the tokenizer), by name."""
         return {}
 
+    @abc.abstractmethod
     def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
         """(a name per example, the batch for the serving signature) from `make predict INPUT=...`;
         raises UserError for an input that cannot be read."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
         """What `make predict` prints for each example, from the serving signature's outputs (numpy
         arrays): an ordered {field: value} per example, e.g. {'label': 'cat', 'probability': 0.93}.
         Floats print with 3 decimals."""
-        raise NotImplementedError
 
-    # --------------------------------------------------------------- the rest
+    # --------------------------------------------------------------- sample data, tests
+    @abc.abstractmethod
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
         """Writes the generated sample raw data (no download); returns a one-line summary.
         `small` writes a few hundred examples for tests."""
-        raise NotImplementedError
-
-    def nominal_manifest(self, data: Any) -> dict:
-        """The manifest fields `build_model` needs, from the config alone and typical values for
-        what only the data decides (for `make doctor` before any data exists)."""
-        raise NotImplementedError
-
-    def width_fix(self, model: Any, quantum: int) -> str:
-        """The config change that makes the model's widths multiples of `quantum` (doctor)."""
-        return f"make the model.* widths multiples of {quantum}"
 
     def testing(self) -> Testing:
         """What the contract tests need: small overrides, the sample's rejections, predict inputs."""
         return Testing()
+
+    # --------------------------------------------------------------- doctor
+    @abc.abstractmethod
+    def nominal_manifest(self, data_config: Any) -> dict:
+        """The manifest fields `build_model` needs, from the config alone and typical values for
+        what only the data decides (for `make doctor` before any data exists)."""
+
+    def width_fix(self, model_config: Any, quantum: int) -> str:
+        """The config change that makes the model's widths multiples of `quantum` (doctor)."""
+        return f"make the model.* widths multiples of {quantum}"
 
     def doctor_rules(self) -> list:
         """This task's `make doctor` rules: (name, function) pairs, each function taking
         (config, target, manifest or None) and returning (status, message, fix) with status
         'pass', 'warn', 'fail' or 'skip'."""
         return []
-
-
-def fields_of(section: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(section)]

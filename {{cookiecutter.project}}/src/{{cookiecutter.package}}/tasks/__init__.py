@@ -47,5 +47,33 @@ def current():
 
 @functools.lru_cache(maxsize=None)
 def load(name: str):
-    """The `Task` object of the task package `name`."""
-    return importlib.import_module(f"{__name__}.{name}").TASK
+    """The `Task` object of the task package `name`. A package that does not fulfil the contract (a
+    required member left out, no `TASK`) is a one-line UserError naming what it lacks and where, at
+    load: not minutes later, when the core first calls what is missing."""
+    from ..errors import UserError
+    from ..task import IncompleteTask, Task
+
+    contract = f"see Task in {_shown(Path(__file__).parent.parent / 'task.py')}"
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except IncompleteTask as error:
+        raise UserError(
+            f"task '{name}' ({_shown(error.task_file)}) does not implement {', '.join(error.missing)}; "
+            f"{contract} for what each must return"
+        ) from None
+    task = getattr(module, "TASK", None)
+    if not isinstance(task, Task):
+        raise UserError(
+            f"task '{name}' ({_shown(module.__file__)}) has no TASK: its package must set TASK to an "
+            f"instance of its Task subclass (e.g. `from .task import TASK`); {contract}"
+        )
+    return task
+
+
+def _shown(path: Path | str) -> str:
+    """`path` as a user finds it: relative to the project when it lies inside it."""
+    project = Path(__file__).resolve().parents[3]  # <project>/src/<package>/tasks/__init__.py
+    try:
+        return str(Path(path).resolve().relative_to(project))
+    except ValueError:
+        return str(path)

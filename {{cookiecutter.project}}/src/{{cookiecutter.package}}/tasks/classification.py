@@ -21,7 +21,7 @@ class ClassificationTask(Task):
     headline_metric = "accuracy"
     higher_is_better = True
 
-    def manifest_fields(self, data, artifacts, stats, categories: Sequence[str]) -> dict:
+    def manifest_fields(self, data_config, artifacts, stats, categories: Sequence[str]) -> dict:
         return {"label_names": list(categories), "num_classes": len(categories)}
 
     def describe_data(self, manifest: dict) -> str:

@@ -74,7 +74,6 @@ class NewTask(Task):
         "not_a_number": "a cell that is not a finite number",
         "no_target": "a CSV file whose header has no `target` column",
     }
-    needs_fit = True  # the standardisation statistics come from the train split
     # TOY objective: the mean squared error is both the loss and the headline (lower is better).
     headline_metric = "loss"
     higher_is_better = False
@@ -94,8 +93,8 @@ class NewTask(Task):
             )
         return Listing(sorted(units), ignored)
 
-    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
-        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig", errors="replace"))))
+    def read_raw(self, relative: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
+        rows = list(csv.reader(io.StringIO(raw_bytes.decode("utf-8-sig", errors="replace"))))
         if not rows or TARGET_COLUMN not in rows[0]:
             yield RawRejection(relative, "no_target", f"header {rows[0] if rows else []} has no `{TARGET_COLUMN}`")
             return
@@ -119,11 +118,13 @@ class NewTask(Task):
             features = [value for index, value in enumerate(values) if index != target_at]
             yield RawExample(source, values[target_at], {"features": features, "target": values[target_at]})
 
-    def fit(self, train_payloads: Sequence[Any], data: DataConfig, workdir: str) -> dict[str, bytes]:
-        rows = [payload for payload in train_payloads if len(payload["features"]) == data.num_features]
+    # The standardisation statistics come from the train split: a task that defines `fit` has
+    # preprocessing run it (leave it out when encoding needs nothing learned).
+    def fit(self, train_payloads: Sequence[Any], data_config: DataConfig, workdir: str) -> dict[str, bytes]:
+        rows = [payload for payload in train_payloads if len(payload["features"]) == data_config.num_features]
         if len(rows) < 2:
             raise UserError(
-                f"fewer than 2 train rows with {data.num_features} features; check RAW and data.num_features"
+                f"fewer than 2 train rows with {data_config.num_features} features; check RAW and data.num_features"
             )
         features = np.array([row["features"] for row in rows])
         targets = np.array([row["target"] for row in rows])
@@ -136,15 +137,15 @@ class NewTask(Task):
         }
         return {STATISTICS_FILE: json.dumps(statistics, indent=2).encode()}
 
-    def fit_sample_size(self, data: DataConfig) -> int:
-        return data.statistics_sample
+    def fit_sample_size(self, data_config: DataConfig) -> int:
+        return data_config.statistics_sample
 
-    def encode(self, example: RawExample, categories, data: DataConfig, artifacts) -> tuple[bytes, dict]:
+    def encode(self, example: RawExample, categories, data_config: DataConfig, artifacts) -> tuple[bytes, dict]:
         import tensorflow as tf
 
         features = example.payload["features"]
-        if len(features) != data.num_features:
-            raise Rejected("bad_row", f"{len(features)} features, data.num_features is {data.num_features}")
+        if len(features) != data_config.num_features:
+            raise Rejected("bad_row", f"{len(features)} features, data.num_features is {data_config.num_features}")
         proto = tf.train.Example(
             features=tf.train.Features(
                 feature={
@@ -155,20 +156,20 @@ class NewTask(Task):
         )
         return proto.SerializeToString(), {}
 
-    def feature_spec(self, data: DataConfig) -> dict:
-        return {"version": 1, "features": ["float32", data.num_features], "target": ["float32", 1]}
+    def feature_spec(self, data_config: DataConfig) -> dict:
+        return {"version": 1, "features": ["float32", data_config.num_features], "target": ["float32", 1]}
 
-    def manifest_fields(self, data: DataConfig, artifacts, stats, categories) -> dict:
-        return {"num_features": data.num_features, "statistics": json.loads(artifacts[STATISTICS_FILE])}
+    def manifest_fields(self, data_config: DataConfig, artifacts, stats, categories) -> dict:
+        return {"num_features": data_config.num_features, "statistics": json.loads(artifacts[STATISTICS_FILE])}
 
-    def bytes_per_example(self, data: DataConfig) -> int:
-        return data.num_features * 4 + 48
+    def bytes_per_example(self, data_config: DataConfig) -> int:
+        return data_config.num_features * 4 + 48
 
     # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data: DataConfig, data_dir: str) -> None:
-        if manifest.get("num_features") != data.num_features:
+    def check_manifest(self, manifest: dict, data_config: DataConfig, data_dir: str) -> None:
+        if manifest.get("num_features") != data_config.num_features:
             raise UserError(
-                f"data.num_features={data.num_features} but the shards in {data_dir} hold "
+                f"data.num_features={data_config.num_features} but the shards in {data_dir} hold "
                 f"{manifest.get('num_features')} features; set data.num_features={manifest.get('num_features')} "
                 "or re-run `make preprocess`"
             )
@@ -199,10 +200,10 @@ class NewTask(Task):
         return f"{manifest['num_features']} numeric features, one numeric target"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model: ModelConfig, manifest: dict):
+    def build_model(self, model_config: ModelConfig, manifest: dict):
         from .model import build_model  # imports TensorFlow: not needed to read a config
 
-        return build_model(model.hidden, manifest)
+        return build_model(model_config.hidden, manifest)
 
     def output_layers(self, model) -> list[str]:
         # The 1-unit head and the parameter-free rescaling after it: their width is the target's.
@@ -218,7 +219,7 @@ class NewTask(Task):
         return []
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict=None):
+    def serving_signature(self, model, manifest: dict, predict_config=None):
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, manifest["num_features"]], tf.float32, name="features")
@@ -269,8 +270,8 @@ class NewTask(Task):
         (output / "rows.csv").write_text("\n".join(lines) + "\n")
         return f"wrote {rows} rows of 8 features + target to {output}/rows.csv, and 2 broken rows (to show rejection)"
 
-    def nominal_manifest(self, data: DataConfig) -> dict:
-        n = data.num_features
+    def nominal_manifest(self, data_config: DataConfig) -> dict:
+        n = data_config.num_features
         statistics = {"feature_mean": [0.0] * n, "feature_std": [1.0] * n, "target_mean": 0.0, "target_std": 1.0}
         return {"num_features": n, "statistics": statistics}
 

@@ -14,8 +14,8 @@ from {{ cookiecutter.package }}.tasks.__task__.task import DataConfig
 
 
 def test_csv_rows_become_examples_and_broken_rows_are_rejected():
-    data = b"a,b,target\n1,2,3\n1,2\nx,2,3\n4,5,inf\n\n6,7,8\n"
-    items = list(TASK.read_raw("rows.csv", data))
+    raw_bytes = b"a,b,target\n1,2,3\n1,2\nx,2,3\n4,5,inf\n\n6,7,8\n"
+    items = list(TASK.read_raw("rows.csv", raw_bytes))
     examples = [item for item in items if isinstance(item, RawExample)]
     rejected = [(item.source, item.reason) for item in items if isinstance(item, RawRejection)]
     assert [(e.source, e.payload["features"], e.target) for e in examples] == [

@@ -42,11 +42,11 @@ def is_full_path(path: str) -> bool:
     return "://" in path or path.startswith("/")
 
 
-def read_rows(index_location: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+def read_rows(index_location: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
     """The examples (payload: where to read the image) and the rejected rows of one index file."""
     folder, name = posixpath.split(index_location)
     try:
-        text = data.decode("utf-8-sig")  # utf-8-sig: spreadsheet exports start with a byte-order mark
+        text = raw_bytes.decode("utf-8-sig")  # utf-8-sig: spreadsheet exports start with a byte-order mark
     except UnicodeDecodeError as error:
         yield RawRejection(name, "bad_row", f"{REJECT_REASONS['bad_row']}: the file is not UTF-8 text ({error})")
         return

@@ -55,19 +55,19 @@ def stored_side(image_size: int, encoding: str) -> int:
     return image_size if encoding == "raw" else round(image_size * CROP_MARGIN)
 
 
-def load_image(data: bytes, side: int) -> np.ndarray:
+def load_image(image_bytes: bytes, side: int) -> np.ndarray:
     """Decodes any PIL-readable image to uint8 RGB [side, side, 3]: the shorter side resized to
     `side`, then the centre square (the aspect ratio is kept). Raises on a file that is empty,
     truncated or not a decodable image."""
     from PIL import Image, ImageFile, ImageOps
 
-    if not data:
+    if not image_bytes:
         raise EmptyFileError("empty file")
     # With this True, PIL fills the missing part of a truncated image with grey instead of raising:
     # a half-written upload would become a training example. It is False by default; another
     # library in the same worker process may have set it, so it is forced here.
     ImageFile.LOAD_TRUNCATED_IMAGES = False
-    with Image.open(io.BytesIO(data)) as image:
+    with Image.open(io.BytesIO(image_bytes)) as image:
         # A large JPEG decodes at 1/2, 1/4 or 1/8 scale when that still covers `side`: the
         # decoder skips the detail the resize would throw away (several times faster on photos).
         image.draft(None, (side, side))

@@ -24,19 +24,19 @@ def stride_for(image_size: int) -> int:
     return stride
 
 
-def stem_stride(model, image_size: int) -> int:
+def stem_stride(model_config, image_size: int) -> int:
     """`model.stem_stride`: an explicit number as given, `auto` from the image size."""
-    return stride_for(image_size) if model.stem_stride == "auto" else int(model.stem_stride)
+    return stride_for(image_size) if model_config.stem_stride == "auto" else int(model_config.stem_stride)
 
 
-def first_stage_side(model, image_size: int) -> int:
-    stride = stem_stride(model, image_size)
+def first_stage_side(model_config, image_size: int) -> int:
+    stride = stem_stride(model_config, image_size)
     return -(-image_size // stride)  # "same" padding rounds up
 
 
-def describe(model, image_size: int) -> str:
-    stride, side = stem_stride(model, image_size), first_stage_side(model, image_size)
-    why = f"auto for {image_size} px images" if model.stem_stride == "auto" else "as configured"
+def describe(model_config, image_size: int) -> str:
+    stride, side = stem_stride(model_config, image_size), first_stage_side(model_config, image_size)
+    why = f"auto for {image_size} px images" if model_config.stem_stride == "auto" else "as configured"
     return f"stem stride {stride} ({why}): first stage at {side}x{side} px"
 
 

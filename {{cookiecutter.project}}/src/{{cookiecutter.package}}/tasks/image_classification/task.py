@@ -121,55 +121,57 @@ class ImageClassificationTask(ClassificationTask):
             )
         return Listing(sorted(images), ignored)
 
-    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+    def read_raw(self, relative: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
         if csv_index.is_index(relative):
-            yield from csv_index.read_rows(relative, data)
+            yield from csv_index.read_rows(relative, raw_bytes)
         else:
-            yield RawExample(relative, relative.split("/", 1)[0], data)
+            yield RawExample(relative, relative.split("/", 1)[0], raw_bytes)
 
-    def encode(self, example: RawExample, categories, data: ImageDataConfig, artifacts) -> tuple[bytes, dict]:
+    def encode(self, example: RawExample, categories, data_config: ImageDataConfig, artifacts) -> tuple[bytes, dict]:
         content = example.payload
         if isinstance(content, str):  # a CSV row: where the image is, read here on the Beam worker
             content = csv_index.read_image(content)
             if content is None:
                 raise Rejected("missing", f"{csv_index.REJECT_REASONS['missing']}: {example.payload}")
         try:
-            pixels = features.load_image(content, features.stored_side(data.image_size, data.image_encoding))
+            pixels = features.load_image(
+                content, features.stored_side(data_config.image_size, data_config.image_encoding)
+            )
         except Exception as error:  # a bad file must never fail the job
             reason = features.reject_reason(error)
             raise Rejected(reason, features.reject_detail(reason, error)) from None
-        return features.encode(pixels, categories.index(example.target), data.image_encoding), {}
+        return features.encode(pixels, categories.index(example.target), data_config.image_encoding), {}
 
-    def feature_spec(self, data: ImageDataConfig) -> dict:
-        return features.feature_spec(data.image_size, data.image_encoding)
+    def feature_spec(self, data_config: ImageDataConfig) -> dict:
+        return features.feature_spec(data_config.image_size, data_config.image_encoding)
 
-    def manifest_fields(self, data: ImageDataConfig, artifacts, stats, categories) -> dict:
-        classes = super().manifest_fields(data, artifacts, stats, categories)
-        return {"image_size": data.image_size, "image_encoding": data.image_encoding, **classes}
+    def manifest_fields(self, data_config: ImageDataConfig, artifacts, stats, categories) -> dict:
+        classes = super().manifest_fields(data_config, artifacts, stats, categories)
+        return {"image_size": data_config.image_size, "image_encoding": data_config.image_encoding, **classes}
 
-    def bytes_per_example(self, data: ImageDataConfig) -> int:
-        side = features.stored_side(data.image_size, data.image_encoding)
+    def bytes_per_example(self, data_config: ImageDataConfig) -> int:
+        side = features.stored_side(data_config.image_size, data_config.image_encoding)
         pixels = side * side * features.CHANNELS
-        return (pixels if data.image_encoding == "raw" else pixels // JPEG_COMPRESSION) + RECORD_OVERHEAD_BYTES
+        return (pixels if data_config.image_encoding == "raw" else pixels // JPEG_COMPRESSION) + RECORD_OVERHEAD_BYTES
 
     # --------------------------------------------------------------- input
-    def check_manifest(self, manifest: dict, data: ImageDataConfig, data_dir: str) -> None:
+    def check_manifest(self, manifest: dict, data_config: ImageDataConfig, data_dir: str) -> None:
         size = manifest.get("image_size")
-        if data.image_size != size:
+        if data_config.image_size != size:
             raise UserError(
-                f"data.image_size={data.image_size} but the shards in {data_dir} hold {size}x{size} "
+                f"data.image_size={data_config.image_size} but the shards in {data_dir} hold {size}x{size} "
                 f"images; set data.image_size={size} or re-run `make preprocess` with the new size"
             )
         encoding = _encoding(manifest)
-        if data.image_encoding != encoding:
+        if data_config.image_encoding != encoding:
             raise UserError(
-                f"data.image_encoding={data.image_encoding} but the shards in {data_dir} store {encoding} "
+                f"data.image_encoding={data_config.image_encoding} but the shards in {data_dir} store {encoding} "
                 f"images; set data.image_encoding={encoding} or re-run `make preprocess` with "
-                f"data.image_encoding={data.image_encoding}"
+                f"data.image_encoding={data_config.image_encoding}"
             )
         # parse_batch sees only the manifest, so this run's augmentation travels in it (and the
         # export's copy of the manifest then records how the model was trained).
-        manifest["augmentation"] = {"min_crop_area": data.min_crop_area} if data.augment else None
+        manifest["augmentation"] = {"min_crop_area": data_config.min_crop_area} if data_config.augment else None
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         augmentation = manifest.get("augmentation") if training else None
@@ -198,14 +200,14 @@ class ImageClassificationTask(ClassificationTask):
         return f"{super().describe_data(manifest)}, {images}"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model: ImageModelConfig, manifest: dict):
+    def build_model(self, model_config: ImageModelConfig, manifest: dict):
         from .model import build_model  # imports TensorFlow: not needed to read a config
 
-        print(stem.describe(model, manifest["image_size"]), flush=True)
-        return build_model(model, manifest["image_size"], manifest["num_classes"])
+        print(stem.describe(model_config, manifest["image_size"]), flush=True)
+        return build_model(model_config, manifest["image_size"], manifest["num_classes"])
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict=None):
+    def serving_signature(self, model, manifest: dict, predict_config=None):
         import tensorflow as tf
 
         size = manifest["image_size"]
@@ -225,9 +227,9 @@ class ImageClassificationTask(ClassificationTask):
             if not tf.io.gfile.exists(path):
                 raise UserError(f"{path} not found; pass image files, e.g. make predict INPUT=data/raw/circle/x.png")
             with tf.io.gfile.GFile(path, "rb") as handle:
-                data = handle.read()
+                image_bytes = handle.read()
             try:
-                pixels = features.load_image(data, side)
+                pixels = features.load_image(image_bytes, side)
             except Exception as error:
                 reason = features.reject_reason(error)
                 raise UserError(
@@ -248,8 +250,8 @@ class ImageClassificationTask(ClassificationTask):
             "(to show rejection)"
         )
 
-    def nominal_manifest(self, data: ImageDataConfig) -> dict:
-        return {"image_size": data.image_size, "image_encoding": data.image_encoding, "num_classes": 10}
+    def nominal_manifest(self, data_config: ImageDataConfig) -> dict:
+        return {"image_size": data_config.image_size, "image_encoding": data_config.image_encoding, "num_classes": 10}
 
     def testing(self) -> Testing:
         # 16 px images and a narrow CNN: the same code path in seconds.
@@ -260,8 +262,8 @@ class ImageClassificationTask(ClassificationTask):
             predict_inputs=_one_image_per_class,
         )
 
-    def width_fix(self, model: ImageModelConfig, quantum: int) -> str:
-        widths = ",".join(str(max(quantum, math.ceil(width / quantum) * quantum)) for width in model.widths)
+    def width_fix(self, model_config: ImageModelConfig, quantum: int) -> str:
+        widths = ",".join(str(max(quantum, math.ceil(width / quantum) * quantum)) for width in model_config.widths)
         return f"model.widths=[{widths}]"
 
     def doctor_rules(self) -> list:

@@ -38,7 +38,6 @@ class LanguageModelTask(Task):
     predict_config = LanguageModelPredictConfig
     raw_format = 'RAW/**/*.txt (one UTF-8 document per file) or RAW/*.jsonl (lines of {"text": ..})'
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text`"}
-    needs_fit = True
     headline_metric = "perplexity"
     higher_is_better = False
 
@@ -59,38 +58,48 @@ class LanguageModelTask(Task):
             )
         return Listing(units=sorted(units), ignored=ignored)
 
-    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+    def read_raw(self, relative: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
         if raw.is_jsonl(relative):
-            yield from raw.read_jsonl(relative, data, target_field=None)
+            yield from raw.read_jsonl(relative, raw_bytes, target_field=None)
         else:
-            yield from raw.read_text_file(relative, data, None)
+            yield from raw.read_text_file(relative, raw_bytes, None)
 
-    def fit(self, train_payloads: Sequence[Any], data: LanguageModelDataConfig, workdir: str) -> dict[str, bytes]:
-        model = tokenizer.fit(train_payloads, data.vocab_size, data.tokenizer_sample, end_of_document=True)
-        return {tokenizer.MODEL_FILE: model}
+    def fit(
+        self, train_payloads: Sequence[Any], data_config: LanguageModelDataConfig, workdir: str
+    ) -> dict[str, bytes]:
+        tokenizer_bytes = tokenizer.fit(
+            train_payloads, data_config.vocab_size, data_config.tokenizer_sample, end_of_document=True
+        )
+        return {tokenizer.MODEL_FILE: tokenizer_bytes}
 
-    def fit_sample_size(self, data: LanguageModelDataConfig) -> int:
-        return data.tokenizer_sample
+    def fit_sample_size(self, data_config: LanguageModelDataConfig) -> int:
+        return data_config.tokenizer_sample
 
     def encode(
-        self, example: RawExample, categories: Sequence[str], data: LanguageModelDataConfig, artifacts: dict[str, bytes]
+        self,
+        example: RawExample,
+        categories: Sequence[str],
+        data_config: LanguageModelDataConfig,
+        artifacts: dict[str, bytes],
     ) -> tuple[bytes, dict]:
         ids = tokenizer.tokenize_or_reject(artifacts[tokenizer.MODEL_FILE], example.payload)
         return packing.document_record(ids), {"documents": 1, "document_tokens": len(ids) + 1}
 
-    def pack(self, split: str, records: Sequence[bytes], data: LanguageModelDataConfig) -> tuple[list[bytes], dict]:
-        windows, targets = packing.pack(records, data.seq_len)
+    def pack(
+        self, split: str, records: Sequence[bytes], data_config: LanguageModelDataConfig
+    ) -> tuple[list[bytes], dict]:
+        windows, targets = packing.pack(records, data_config.seq_len)
         stats = defaultdict(float, {f"{split}_documents": len(records), f"{split}_windows": len(windows)})
         for token in targets:
             stats[f"{TARGET_COUNT}{split}:{token}"] += 1
         stats[f"{split}_targets"] = len(targets)
         return windows, dict(stats)
 
-    def feature_spec(self, data: LanguageModelDataConfig) -> dict:
-        return packing.feature_spec(data.seq_len)
+    def feature_spec(self, data_config: LanguageModelDataConfig) -> dict:
+        return packing.feature_spec(data_config.seq_len)
 
     def manifest_fields(
-        self, data: LanguageModelDataConfig, artifacts: dict[str, bytes], stats: dict, categories
+        self, data_config: LanguageModelDataConfig, artifacts: dict[str, bytes], stats: dict, categories
     ) -> dict:
         model_bytes = artifacts[tokenizer.MODEL_FILE]
         pieces = tokenizer.vocab_size(model_bytes)
@@ -102,7 +111,7 @@ class LanguageModelTask(Task):
         packed = {}
         for split in ("train", "eval"):
             windows, targets = int(stats.get(f"{split}_windows", 0)), int(stats.get(f"{split}_targets", 0))
-            positions = windows * data.seq_len
+            positions = windows * data_config.seq_len
             packed[split] = {
                 "documents": int(stats.get(f"{split}_documents", 0)),
                 "windows": windows,
@@ -112,7 +121,7 @@ class LanguageModelTask(Task):
             }
         unigram = objective_unigram(counts, pieces)
         return {
-            "seq_len": data.seq_len,
+            "seq_len": data_config.seq_len,
             "vocab_size": pieces,
             "tokenizer": {
                 "file": tokenizer.MODEL_FILE,
@@ -126,13 +135,13 @@ class LanguageModelTask(Task):
             "unigram_perplexity": round(unigram, 4) if math.isfinite(unigram) else None,
         }
 
-    def bytes_per_example(self, data: LanguageModelDataConfig) -> int:
+    def bytes_per_example(self, data_config: LanguageModelDataConfig) -> int:
         # Four int64 columns of seq_len varints (ids below 2**14 take 2 bytes, the rest 1), and framing.
-        return data.seq_len * 6 + 64
+        return data_config.seq_len * 6 + 64
 
     # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data: LanguageModelDataConfig, data_dir: str) -> None:
-        raw.check_shards(manifest, data, data_dir, "windows")
+    def check_manifest(self, manifest: dict, data_config: LanguageModelDataConfig, data_dir: str) -> None:
+        raw.check_shards(manifest, data_config, data_dir, "windows")
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         return packing.parse_batch(serialized, manifest["seq_len"])
@@ -158,16 +167,16 @@ class LanguageModelTask(Task):
         )
 
     # --------------------------------------------------------------- model
-    def build_model(self, model: LanguageModelConfig, manifest: dict):
+    def build_model(self, model_config: LanguageModelConfig, manifest: dict):
         from . import model as model_lib
 
-        return model_lib.build_model(model, manifest["seq_len"], manifest["vocab_size"])
+        return model_lib.build_model(model_config, manifest["seq_len"], manifest["vocab_size"])
 
-    def nominal_manifest(self, data: LanguageModelDataConfig) -> dict:
-        return {"seq_len": data.seq_len, "vocab_size": data.vocab_size}
+    def nominal_manifest(self, data_config: LanguageModelDataConfig) -> dict:
+        return {"seq_len": data_config.seq_len, "vocab_size": data_config.vocab_size}
 
-    def width_fix(self, model: LanguageModelConfig, quantum: int) -> str:
-        return width_fix(model, quantum)
+    def width_fix(self, model_config: LanguageModelConfig, quantum: int) -> str:
+        return width_fix(model_config, quantum)
 
     def output_layers(self, model) -> list[str]:
         # The logits' width is the embedding table's rows (the vocabulary), not a choice.
@@ -185,12 +194,12 @@ class LanguageModelTask(Task):
         return [TokenMetric("perplexity"), TokenMetric("accuracy")]
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict: LanguageModelPredictConfig):
+    def serving_signature(self, model, manifest: dict, predict_config: LanguageModelPredictConfig):
         import tensorflow as tf
 
         from . import generate
 
-        seq_len, vocab, settings = manifest["seq_len"], manifest["vocab_size"], predict
+        seq_len, vocab, settings = manifest["seq_len"], manifest["vocab_size"], predict_config
 
         @tf.function(
             input_signature=[

@@ -30,19 +30,19 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
-def decode(data: bytes) -> str:
+def decode(raw_bytes: bytes) -> str:
     # utf-8-sig: files saved by Windows editors start with a byte-order mark that is not text.
-    return data.decode("utf-8-sig")
+    return raw_bytes.decode("utf-8-sig")
 
 
 def is_jsonl(relative: str) -> bool:
     return relative.lower().endswith(JSONL_SUFFIX)
 
 
-def read_text_file(relative: str, data: bytes, target) -> Iterator[RawExample | RawRejection]:
+def read_text_file(relative: str, raw_bytes: bytes, target) -> Iterator[RawExample | RawRejection]:
     """The one text of a `.txt` file, learning `target`."""
     try:
-        text = decode(data)
+        text = decode(raw_bytes)
     except UnicodeDecodeError as error:
         yield RawRejection(relative, "not_utf8", f"{error.reason} at byte {error.start}")
         return
@@ -52,13 +52,13 @@ def read_text_file(relative: str, data: bytes, target) -> Iterator[RawExample | 
     yield RawExample(relative, target, text)
 
 
-def read_jsonl(relative: str, data: bytes, target_field: str | None) -> Iterator[RawExample | RawRejection]:
+def read_jsonl(relative: str, raw_bytes: bytes, target_field: str | None) -> Iterator[RawExample | RawRejection]:
     """One example per line; `source` is `file.jsonl:LINE` (1-based). Blank lines are skipped.
     With `target_field`, each object must also hold that field as a non-empty string: the target."""
-    if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark before the first line
-        data = data[3:]
+    if raw_bytes.startswith(b"\xef\xbb\xbf"):  # a byte-order mark before the first line
+        raw_bytes = raw_bytes[3:]
     fields = ("text", target_field) if target_field else ("text",)
-    for number, raw_line in enumerate(data.split(b"\n"), 1):
+    for number, raw_line in enumerate(raw_bytes.split(b"\n"), 1):
         source = f"{relative}:{number}"
         if not raw_line.strip():
             continue
@@ -88,16 +88,16 @@ def read_jsonl(relative: str, data: bytes, target_field: str | None) -> Iterator
         yield RawExample(source, record[target_field] if target_field else None, record["text"])
 
 
-def check_shards(manifest: dict, data, data_dir: str, sequences: str) -> None:
+def check_shards(manifest: dict, data_config, data_dir: str, sequences: str) -> None:
     """The text tasks' check that the shards fit the config: the same `data.seq_len` (each record
     holds `sequences` of that many tokens) and the tokenizer they were written with."""
     from .tokenizer import MODEL_FILE
 
     written = manifest.get("seq_len")
-    if written != data.seq_len:
+    if written != data_config.seq_len:
         raise UserError(
-            f"data.seq_len is {data.seq_len} but the shards in {data_dir} hold {sequences} of {written} tokens; "
-            f"set data.seq_len={written}, or re-run `make preprocess ARGS=data.seq_len={data.seq_len}`"
+            f"data.seq_len is {data_config.seq_len} but the shards in {data_dir} hold {sequences} of {written} tokens; "
+            f"set data.seq_len={written}, or re-run `make preprocess ARGS=data.seq_len={data_config.seq_len}`"
         )
     read_tokenizer(data_dir, manifest, MODEL_FILE)
 

@@ -16,8 +16,6 @@ import hashlib
 import io
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
 from ...errors import UserError
 from ...task import Rejected
 
@@ -128,15 +126,6 @@ def vocab_size(model_bytes: bytes) -> int:
 def tokenize(model_bytes: bytes, text: str) -> list[int]:
     """All ids of `text`, untruncated."""
     return list(processor(model_bytes).EncodeAsIds(text))
-
-
-def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int) -> np.ndarray:
-    """int32 [len(sequences), seq_len]: each truncated to seq_len and padded with PAD_ID."""
-    batch = np.full((len(sequences), seq_len), PAD_ID, dtype=np.int32)
-    for row, ids in enumerate(sequences):
-        kept = list(ids)[:seq_len]
-        batch[row, : len(kept)] = kept
-    return batch
 
 
 def tokenize_or_reject(model_bytes: bytes, text: str) -> list[int]:

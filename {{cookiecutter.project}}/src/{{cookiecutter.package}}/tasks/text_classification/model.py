@@ -17,8 +17,9 @@ import tensorflow as tf
 
 from ...keras import keras
 from ..text.config import TextModelConfig
-from ..text.layers import PositionEmbedding, check, embedding_rows, transformer_block
+from ..text.layers import check, embedding_rows, transformer_block
 from . import tokenizer
+from .layers import PositionEmbedding
 
 layers = keras.layers
 

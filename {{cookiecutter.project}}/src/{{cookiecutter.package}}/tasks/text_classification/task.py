@@ -27,7 +27,6 @@ class TextClassificationTask(ClassificationTask):
     model_config = TextModelConfig
     raw_format = 'RAW/<label>/<name>.txt (one UTF-8 text per file) or RAW/*.jsonl (lines of {"text": .., "label": ..})'
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text` or `label`"}
-    needs_fit = True
 
     # --------------------------------------------------------------- preprocessing (Beam)
     def list_raw(self, input_root: str) -> Listing:
@@ -47,39 +46,46 @@ class TextClassificationTask(ClassificationTask):
             )
         return Listing(units=sorted(units), ignored=ignored)
 
-    def read_raw(self, relative: str, data: bytes) -> Iterator[RawExample | RawRejection]:
+    def read_raw(self, relative: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
         if raw.is_jsonl(relative):
-            yield from raw.read_jsonl(relative, data, target_field="label")
+            yield from raw.read_jsonl(relative, raw_bytes, target_field="label")
         else:
-            yield from raw.read_text_file(relative, data, relative.split("/", 1)[0])
+            yield from raw.read_text_file(relative, raw_bytes, relative.split("/", 1)[0])
 
-    def fit(self, train_payloads: Sequence[Any], data: TextDataConfig, workdir: str) -> dict[str, bytes]:
-        return {tokenizer.MODEL_FILE: tokenizer.fit(train_payloads, data.vocab_size, data.tokenizer_sample)}
+    def fit(self, train_payloads: Sequence[Any], data_config: TextDataConfig, workdir: str) -> dict[str, bytes]:
+        return {
+            tokenizer.MODEL_FILE: tokenizer.fit(train_payloads, data_config.vocab_size, data_config.tokenizer_sample)
+        }
 
-    def fit_sample_size(self, data: TextDataConfig) -> int:
-        return data.tokenizer_sample
+    def fit_sample_size(self, data_config: TextDataConfig) -> int:
+        return data_config.tokenizer_sample
 
     def encode(
-        self, example: RawExample, categories: Sequence[str], data: TextDataConfig, artifacts: dict[str, bytes]
+        self, example: RawExample, categories: Sequence[str], data_config: TextDataConfig, artifacts: dict[str, bytes]
     ) -> tuple[bytes, dict]:
         ids = tokenizer.tokenize_or_reject(artifacts[tokenizer.MODEL_FILE], example.payload)
-        kept = ids[: data.seq_len]
-        stats = {"examples": 1, "tokens": len(ids), "truncated": int(len(ids) > data.seq_len), "kept_tokens": len(kept)}
+        kept = ids[: data_config.seq_len]
+        stats = {
+            "examples": 1,
+            "tokens": len(ids),
+            "truncated": int(len(ids) > data_config.seq_len),
+            "kept_tokens": len(kept),
+        }
         return tokenizer.serialize(kept, categories.index(example.target)), stats
 
-    def feature_spec(self, data: TextDataConfig) -> dict:
-        return tokenizer.feature_spec(data.seq_len)
+    def feature_spec(self, data_config: TextDataConfig) -> dict:
+        return tokenizer.feature_spec(data_config.seq_len)
 
     def manifest_fields(
-        self, data: TextDataConfig, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]
+        self, data_config: TextDataConfig, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]
     ) -> dict:
         model_bytes = artifacts[tokenizer.MODEL_FILE]
         pieces = tokenizer.vocab_size(model_bytes)
         examples = stats.get("examples", 0)
-        positions = examples * data.seq_len
+        positions = examples * data_config.seq_len
         return {
-            **super().manifest_fields(data, artifacts, stats, categories),
-            "seq_len": data.seq_len,
+            **super().manifest_fields(data_config, artifacts, stats, categories),
+            "seq_len": data_config.seq_len,
             "vocab_size": pieces,
             "tokenizer": {
                 "file": tokenizer.MODEL_FILE,
@@ -96,13 +102,13 @@ class TextClassificationTask(ClassificationTask):
             },
         }
 
-    def bytes_per_example(self, data: TextDataConfig) -> int:
+    def bytes_per_example(self, data_config: TextDataConfig) -> int:
         # ids below 2**14 take 2 bytes as varints; a third per id covers larger vocabularies and framing.
-        return data.seq_len * 3 + 32
+        return data_config.seq_len * 3 + 32
 
     # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data: TextDataConfig, data_dir: str) -> None:
-        raw.check_shards(manifest, data, data_dir, "sequences")
+    def check_manifest(self, manifest: dict, data_config: TextDataConfig, data_dir: str) -> None:
+        raw.check_shards(manifest, data_config, data_dir, "sequences")
 
     def parse_batch(self, serialized, manifest: dict, training: bool = False):
         return tokenizer.parse_batch(serialized, manifest["seq_len"])
@@ -125,19 +131,19 @@ class TextClassificationTask(ClassificationTask):
         return f"{super().describe_data(manifest)}, {sequences}"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model: TextModelConfig, manifest: dict):
+    def build_model(self, model_config: TextModelConfig, manifest: dict):
         from . import model as model_lib
 
-        return model_lib.build_model(model, manifest["seq_len"], manifest["vocab_size"], manifest["num_classes"])
+        return model_lib.build_model(model_config, manifest["seq_len"], manifest["vocab_size"], manifest["num_classes"])
 
-    def nominal_manifest(self, data: TextDataConfig) -> dict:
-        return {"seq_len": data.seq_len, "vocab_size": data.vocab_size, "num_classes": 10}
+    def nominal_manifest(self, data_config: TextDataConfig) -> dict:
+        return {"seq_len": data_config.seq_len, "vocab_size": data_config.vocab_size, "num_classes": 10}
 
-    def width_fix(self, model: TextModelConfig, quantum: int) -> str:
-        return width_fix(model, quantum)
+    def width_fix(self, model_config: TextModelConfig, quantum: int) -> str:
+        return width_fix(model_config, quantum)
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict=None):
+    def serving_signature(self, model, manifest: dict, predict_config=None):
         import tensorflow as tf
 
         @tf.function(input_signature=[tf.TensorSpec([None, manifest["seq_len"]], tf.int32, name="ids")])

@@ -2,20 +2,22 @@
 -> [B, seq_len].
 
 Each text is stored as its ids, truncated to `data.seq_len` but not padded: padding is added per
-batch by `parse_batch`, so shards stay small. The tokenizer itself (training, loading, its ids) is
-the text tasks' shared one in ../text/tokenizer.py, re-exported here for this task's modules.
+batch by `parse_batch` (and by `pad_batch` for `make predict`), so shards stay small. The tokenizer
+itself (training, loading, its ids) is the text tasks' shared one in ../text/tokenizer.py,
+re-exported here for this task's modules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..text.tokenizer import (
     MODEL_FILE,
     PAD_ID,
     UNK_ID,
     fit,
-    pad_batch,
     processor,
     sha256,
     tokenize,
@@ -49,6 +51,16 @@ def feature_spec(seq_len: int) -> dict:
         "ids": {"dtype": "int64", "max_len": seq_len, "encoding": "sentencepiece", "pad_id": PAD_ID},
         "label": {"dtype": "int64", "shape": []},
     }
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int) -> np.ndarray:
+    """int32 [len(sequences), seq_len]: each truncated to seq_len and padded with PAD_ID, as
+    `parse_batch` pads the shards' records (predict's batch from its INPUT texts)."""
+    batch = np.full((len(sequences), seq_len), PAD_ID, dtype=np.int32)
+    for row, ids in enumerate(sequences):
+        kept = list(ids)[:seq_len]
+        batch[row, : len(kept)] = kept
+    return batch
 
 
 def serialize(ids: Sequence[int], label: int) -> bytes:
