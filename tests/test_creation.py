@@ -19,21 +19,21 @@ EXPECTED_FILES = {
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/template_update.sh", "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (
-        "__init__", "bench_input", "bench_preprocess", "bench_spe", "bench_startup", "capture_profile", "config",
-        "distribute", "gcp", "goodput",
+        "__init__", "bench_input", "bench_preprocess", "bench_spe", "bench_startup", "callbacks", "capture_profile",
+        "config", "distribute", "evaluation", "gcp", "goodput",
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
         "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
-        "new_task", "precision", "predict", "preemption", "preprocess", "sample_data", "schedule",
-        "steps_per_execution", "task", "tasks/__init__", "topology", "train")),
+        "new_task", "precision", "predict", "preemption", "preprocess", "profiler", "run_dir", "sample_data",
+        "schedule", "steps_per_execution", "task", "tasks/__init__", "topology", "train", "trainer")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/local.yaml", "configs/tpu.yaml",
         "configs/pod.yaml")),
     *(f"tests/{name}.py" for name in (
-        "conftest", "gcs_emulator", "test_bench", "test_config", "test_contract", "test_credentials", "test_doctor",
+        "conftest", "gcs_emulator", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
         "test_input", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
-        "test_tpu", "test_tpu_ops", "test_train")),
+        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"

@@ -51,6 +51,21 @@ def own_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def global_state_restored():
+    """Keras' global precision policy and the selected task belong to the process: training sets
+    the policy (precision.apply), loading a config selects its task. Each test finds both as the
+    test before it found them, whichever tests ran first on its worker."""
+    task = tasks.current().name
+    keras_module = sys.modules.get("tf_keras")  # not imported yet: the policy is Keras' default
+    policy = keras_module.mixed_precision.global_policy().name if keras_module else "float32"
+    yield
+    tasks.select(task)
+    keras_module = sys.modules.get("tf_keras")
+    if keras_module:
+        keras_module.mixed_precision.set_global_policy(policy)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def eight_cpu_replicas():
     """Splits the CPU before any TensorFlow op runs in this process."""
@@ -151,8 +166,8 @@ def finished_run_of(task_name: str, tmp_path_factory):
     steps of steps_per_execution 4 in bfloat16 whatever the CPU supports (the TPU's code path), a
     profile window, an evaluation every 16 steps and a rotation of two checkpoints out of six saves."""
     if task_name not in _RUNS:
-        from {{ cookiecutter.package }} import distribute, input_pipeline, precision, train
-        from {{ cookiecutter.package }}.evaluate import evaluate_model
+        from {{ cookiecutter.package }} import distribute, input_pipeline, precision, trainer
+        from {{ cookiecutter.package }}.evaluation import evaluate_model
         from {{ cookiecutter.package }}.keras import keras
         from {{ cookiecutter.package }}.model import build_model, compile_model
 
@@ -181,7 +196,7 @@ def finished_run_of(task_name: str, tmp_path_factory):
                 with resolved.strategy.scope():
                     untrained = compile_model(build_model(cfg, manifest), cfg.train, 1)
                 initial = evaluate_model(untrained, resolved.strategy, cfg, manifest)
-                metrics = train.train(cfg)
+                metrics = trainer.train(cfg)
             finally:
                 keras.mixed_precision.set_global_policy(policy)
         _RUNS[task_name] = cfg, output, metrics, initial

@@ -1,22 +1,31 @@
 """The task contract (task.py), checked for every task of this project on its own small sample with
 its own test settings (`Task.testing`): what the shared core relies on, whatever the task learns.
 
-A task added with `make new-task` is picked up here with nothing to register.
+A task added with `make new-task` is picked up here with nothing to register. The contract itself is
+checked too: task.py's map names every member of `Task` and marks the abstract ones, and a task that
+leaves one out is refused at load in one line.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import config_file, finished_run_of, selected, task_sample, task_config
-from {{ cookiecutter.package }} import config, input_pipeline, predict, tasks, train
+from conftest import PROJECT, config_file, finished_run_of, selected, task_sample, task_config
+from {{ cookiecutter.package }} import config, input_pipeline, predict, tasks, trainer
+from {{ cookiecutter.package }} import task as task_lib
 from {{ cookiecutter.package }}.errors import UserError
-from {{ cookiecutter.package }}.task import RawExample
+from {{ cookiecutter.package }}.task import RawExample, Task
 
 TASKS = tasks.available()
 
@@ -119,7 +128,7 @@ def test_evaluation_counts_every_eval_example_once(contract_run):
 def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys):
     task = tasks.current()
     cfg, output, metrics, _ = contract_run
-    again = train.train(config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto"]))
+    again = trainer.train(config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto"]))
     printed = capsys.readouterr().out
     assert "resumed from step 48" in printed and "calibrating" not in printed
     assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
@@ -190,3 +199,96 @@ def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(
     rows = predict.predict(str(output), inputs)
     assert [name for name, _ in rows] == names
     assert [fields["label"] for _, fields in rows] == [manifest["label_names"][i] for i in expected.argmax(axis=1)]
+
+
+# ----------------------------------------------------------------------------- the contract itself
+
+
+def contract_map() -> dict[str, bool]:
+    """The members task.py's docstring maps, each with whether it is marked required (*)."""
+    members = {}
+    for line in task_lib.__doc__.splitlines():
+        row = re.fullmatch(r"    \S.*?  +(\w.*)", line)  # "    <stage>  <member>[*], ..."
+        if row:
+            members.update({name.rstrip("*"): name.endswith("*") for name in row.group(1).split(", ")})
+    return members
+
+
+def test_the_map_names_every_member_and_the_required_ones_are_abstract():
+    documented = contract_map()
+    # Every member, in the order Task defines them (its body follows the map).
+    assert list(documented) == [name for name in vars(Task) if not name.startswith("_")]
+    assert {name for name, required in documented.items() if required} == Task.__abstractmethods__
+    for name in TASKS:  # derived from whether `fit` is overridden: no task may set it
+        assert isinstance(inspect.getattr_static(tasks.load(name), "needs_fit"), property), name
+
+
+UNFINISHED = """
+from ...task import Task
+
+
+class Unfinished(Task):
+    name = "unfinished"
+    raw_format = "anything"
+
+    def list_raw(self, input_root):
+        return None
+
+
+TASK = Unfinished()
+"""
+
+
+def test_a_task_missing_required_members_fails_at_load_in_one_line(tmp_path, monkeypatch):
+    """A task package found like any other (a folder under tasks/, here on the package's search path
+    for this test only) that leaves members out: loading it is one UserError naming them and its file."""
+    package = tmp_path / "unfinished"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .task import TASK  # noqa: F401\n")
+    (package / "task.py").write_text(UNFINISHED)
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    for module in (f"{tasks.__name__}.unfinished", f"{tasks.__name__}.unfinished.task"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(UserError) as raised:
+        tasks.load("unfinished")
+    message = str(raised.value)
+    missing = [
+        name for name, required in contract_map().items() if required and name not in ("name", "raw_format", "list_raw")
+    ]
+    assert message == (
+        f"task 'unfinished' ({package / 'task.py'}) does not implement {', '.join(missing)}; see Task in "
+        f"src/{tasks.__name__.split('.')[0]}/task.py for what each must return"
+    )
+    # No TASK at all: one line too.
+    (package / "__init__.py").write_text("")
+    with pytest.raises(UserError, match=r"^task 'unfinished' \(.*__init__.py\) has no TASK: "):
+        tasks.load("unfinished")
+
+
+def test_make_train_stops_at_once_on_a_task_missing_a_member(tmp_path):
+    """The project's own task with `build_model` deleted, run as `make train` runs it: the one line
+    is all it prints, with the file relative to the project."""
+    shutil.copytree(PROJECT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(PROJECT / "configs", tmp_path / "configs")
+    package = tasks.__name__.split(".")[0]
+    task_py = tmp_path / "src" / package / "tasks" / tasks.DEFAULT / "task.py"
+    source = task_py.read_text()
+    [method] = [
+        node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef) and node.name == "build_model"
+    ]
+    lines = source.splitlines(keepends=True)
+    task_py.write_text("".join(lines[: method.lineno - 1] + lines[method.end_lineno :]))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-m", f"{package}.train", "--config", "configs/local.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"error: task '{tasks.DEFAULT}' (src/{package}/tasks/{tasks.DEFAULT}/task.py) does not implement "
+        f"build_model; see Task in src/{package}/task.py for what each must return\n"
+    )

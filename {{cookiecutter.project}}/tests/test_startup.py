@@ -13,7 +13,7 @@ import tensorflow as tf
 from conftest import PROJECT, tiny_config
 from test_doctor import check
 from test_train import train_command as interruptible_run
-from {{ cookiecutter.package }} import distribute, goodput, input_pipeline, train
+from {{ cookiecutter.package }} import distribute, goodput, input_pipeline, train, trainer
 from {{ cookiecutter.package }} import steps_per_execution as spe_lib
 from {{ cookiecutter.package }}.doctor import engine
 from {{ cookiecutter.package }}.model import build_model, compile_model
@@ -30,7 +30,7 @@ def test_calibration_compiles_once_and_training_reuses_it(data_dir, tmp_path):
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg, manifest), cfg.train, spe_lib.limit(cfg.train))
         before = spe_lib.Snapshot(model)
-        dataset = train.training_dataset(cfg, resolved, manifest, seed=0)
+        dataset = trainer.training_dataset(cfg, resolved, manifest, seed=0)
         chosen, measurements = spe_lib.calibrate(model, iter(dataset), spe_lib.limit(cfg.train), min_seconds=0.05)
         calibration_steps = int(model.optimizer.iterations.numpy())
         before.restore()
@@ -47,7 +47,7 @@ def test_calibration_compiles_once_and_training_reuses_it(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_resume_a_rerun_and_a_new_run_directory_reuse_the_calibration(data_dir, tmp_path, capsys):
-    first = train.train(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=8"))
+    first = trainer.train(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=8"))
     printed = capsys.readouterr().out
     assert "calibrating steps_per_execution" in printed and "time to first step" in printed
     written = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -56,20 +56,22 @@ def test_a_resume_a_rerun_and_a_new_run_directory_reuse_the_calibration(data_dir
     assert first["goodput"]["phase_seconds"]["calibration"] > 0
 
     # A resume (the same run, trained further): the run's own record.
-    train.train(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=16"))
+    trainer.train(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=16"))
     printed = capsys.readouterr().out
     assert "resumed from step 8" in printed and "calibrating" not in printed
     assert f"steps_per_execution {chosen}: reusing the calibration in this run's metrics.json" in printed
     # A new run directory with the same setting: the cache.
-    rerun = train.train(tiny_config(data_dir, tmp_path / "other", *AUTO, "train.total_steps=8"))
+    rerun = trainer.train(tiny_config(data_dir, tmp_path / "other", *AUTO, "train.total_steps=8"))
     printed = capsys.readouterr().out
     assert "calibrating" not in printed and "reusing the calibration in the cache" in printed
     assert "calibration" not in rerun["goodput"]["phase_seconds"]
     assert f"steps_per_execution: {chosen}" in (tmp_path / "other" / "config.yaml").read_text()
     # Another setting measures again; so does auto:fresh.
-    train.train(tiny_config(data_dir, tmp_path / "bigger", *AUTO, "train.total_steps=8", "train.global_batch_size=64"))
+    trainer.train(
+        tiny_config(data_dir, tmp_path / "bigger", *AUTO, "train.total_steps=8", "train.global_batch_size=64")
+    )
     assert "calibrating" in capsys.readouterr().out
-    train.train(
+    trainer.train(
         tiny_config(
             data_dir, tmp_path / "fresh", *AUTO[1:], "train.steps_per_execution=auto:fresh", "train.total_steps=8"
         )

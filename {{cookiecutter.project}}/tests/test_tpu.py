@@ -35,7 +35,7 @@ def test_tpu_strategy_sees_the_chips_of_the_tpu_type(tpu_target):
 
 
 def test_a_short_training_run_on_the_tpu(tpu_target, data_dir, tmp_path):
-    from {{ cookiecutter.package }} import train
+    from {{ cookiecutter.package }} import trainer
 
     replicas = tpu_target.replicas
     cfg = tiny_config(
@@ -46,6 +46,6 @@ def test_a_short_training_run_on_the_tpu(tpu_target, data_dir, tmp_path):
         "train.total_steps=16",
         "train.steps_per_execution=4",
     )
-    metrics = train.train(cfg)
+    metrics = trainer.train(cfg)
     assert metrics["global_step"] == 16
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 16

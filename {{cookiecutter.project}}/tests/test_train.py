@@ -19,7 +19,17 @@ import pytest
 import tensorflow as tf
 
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, finished_run_of, tiny_config
-from {{ cookiecutter.package }} import capture_profile, config, distribute, schedule, steps_per_execution, tasks, train
+from {{ cookiecutter.package }} import (
+    capture_profile,
+    config,
+    distribute,
+    schedule,
+    profiler,
+    steps_per_execution,
+    tasks,
+    train,
+    trainer,
+)
 from {{ cookiecutter.package }}.errors import UserError
 
 
@@ -123,7 +133,7 @@ def test_auto_precision_says_what_it_chose_and_why(data_dir, tmp_path, capsys, m
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=4", "train.warmup_steps=1")
     assert cfg.runtime.mixed_precision == "auto"  # the shipped local config
-    metrics = train.train(cfg)
+    metrics = trainer.train(cfg)
     printed = capsys.readouterr().out
     assert "precision float32 (auto: this CPU has" in printed and "bfloat16 would be emulated" in printed
     assert config.load(str(tmp_path / "config.yaml")).runtime.mixed_precision == "float32"
@@ -133,7 +143,7 @@ def test_auto_precision_says_what_it_chose_and_why(data_dir, tmp_path, capsys, m
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
     """Batch norm's moving statistics are per replica while training; evaluation first gives every
     replica their mean, so that evaluating in the training process equals evaluating after a restore."""
-    from {{ cookiecutter.package }}.evaluate import sync_replica_statistics
+    from {{ cookiecutter.package }}.evaluation import sync_replica_statistics
     from {{ cookiecutter.package }}.keras import keras
 
     strategy = distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime).strategy
@@ -163,7 +173,7 @@ def test_nan_loss_stops_without_saving(data_dir, tmp_path):
         data_dir, tmp_path, "train.base_learning_rate=1e30", "train.warmup_steps=0", "train.checkpoint_every=1000"
     )
     with pytest.raises(UserError, match="the loss became NaN at step \\d+; stopped without saving"):
-        train.train(cfg)
+        trainer.train(cfg)
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")) is None
 
 
@@ -176,7 +186,7 @@ def test_auto_steps_per_execution_is_measured(data_dir, tmp_path):
     from {{ cookiecutter.package }} import input_pipeline
 
     manifest = input_pipeline.read_manifest(str(data_dir))
-    chosen, measurements = train.choose_steps_per_execution(cfg, resolved, manifest)
+    chosen, measurements = trainer.choose_steps_per_execution(cfg, resolved, manifest)
     assert [m.steps_per_execution for m in measurements] == steps_per_execution.candidates(16) == [1, 4, 16]
     assert all(m.steps_per_second > 0 for m in measurements)
     best = max(m.steps_per_second for m in measurements)
@@ -266,7 +276,7 @@ def first_targets(cfg, seed: int, batches: int = 4) -> list:
 
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
-    iterator = iter(train.training_dataset(cfg, resolved, manifest, seed=seed))
+    iterator = iter(trainer.training_dataset(cfg, resolved, manifest, seed=seed))
     seen = []
     for _ in range(batches):
         _, targets = next(iterator)
@@ -290,8 +300,8 @@ def test_a_resumed_run_does_not_replay_the_batches_it_began_with(data_dir, tmp_p
     train_split["num_examples"] = train_split["examples_per_file"][0]
     (one_shard / "manifest.json").write_text(json.dumps(manifest))
     cfg = tiny_config(one_shard, tmp_path / "run")
-    fresh = first_targets(cfg, train.start_seed(cfg, 0))
-    resumed = first_targets(cfg, train.start_seed(cfg, 16))
+    fresh = first_targets(cfg, trainer.start_seed(cfg, 0))
+    resumed = first_targets(cfg, trainer.start_seed(cfg, 16))
     assert len(fresh) == len(resumed) == 4 * distribute.resolve(cfg.runtime).replicas
     assert resumed != fresh
 
@@ -304,7 +314,7 @@ def test_data_and_run_directory_on_gcs(data_dir, gcs_bucket):
         tf.io.gfile.copy(str(path), f"{data}/{path.name}", overwrite=True)
     output = gcs_bucket.path("train-test", "run")
     cfg = tiny_config(data_dir, output, f"data.dir={data}", "train.total_steps=16")
-    metrics = train.train(cfg)
+    metrics = trainer.train(cfg)
     assert metrics["global_step"] == 16
     with tf.io.gfile.GFile(f"{output}/metrics.json") as handle:
         assert json.load(handle)["global_step"] == 16
@@ -329,29 +339,6 @@ def test_periodic_evaluation_logs_each_step_and_keeps_the_best(finished_run):
     assert set(metrics["phase_seconds"]) >= {"start-up", "training", "evaluation", "export"}
 
 
-def test_the_best_evaluation_is_kept_even_when_a_later_one_is_worse(data_dir, tmp_path):
-    """Evaluations whose headline goes good, best, worse (by the task's direction): the kept
-    checkpoint, best_step and best_<metric> are the middle one's, not the latest's."""
-    from {{ cookiecutter.package }}.model import metric_names
-
-    task = tasks.current()
-    cfg = tiny_config(data_dir, tmp_path)
-    values = [0.5, 0.9, 0.7] if task.higher_is_better else [0.7, 0.1, 0.5]
-    variable = tf.Variable(0.0)
-    checkpoint = tf.train.Checkpoint(step=variable)
-    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), max_to_keep=1)
-    best_manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints" / "best"), max_to_keep=1)
-    writer = tf.summary.create_file_writer(str(tmp_path / "logs" / "train"))
-    monitor = train.TrainingMonitor(cfg, manager, writer, 0, best_manager=best_manager)
-    for step, value in zip((10, 20, 30), values):
-        variable.assign(step)  # what the checkpoint of this evaluation holds
-        monitor.record_evaluation(step, {name: value for name in metric_names()})
-    assert monitor.best() == {"step": 20, **{name: values[1] for name in metric_names()}}
-    variable.assign(0)
-    checkpoint.restore(best_manager.latest_checkpoint).assert_consumed()
-    assert best_manager.latest_checkpoint.endswith("ckpt-20") and float(variable.numpy()) == 20.0
-
-
 def copy_with_a_truncated_latest_checkpoint(output: Path, run: Path) -> None:
     """A copy of the finished run (checkpoints every 8 steps, keeps ckpt-40 and ckpt-48) whose
     newest save was cut short."""
@@ -374,7 +361,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "run" / "checkpoints"), max_to_keep=2)
     capsys.readouterr()
-    restored = train.restore_newest_readable(checkpoint, manager)
+    restored = trainer.restore_newest_readable(checkpoint, manager)
     assert restored.endswith("ckpt-40") and int(model.optimizer.iterations.numpy()) == 40
     assert "ckpt-48 cannot be read" in capsys.readouterr().out
     # The learning rate continues where the run stopped: the schedule the optimizer holds, at its
@@ -395,15 +382,15 @@ def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_r
     copy_with_a_truncated_latest_checkpoint(output, run)
     capsys.readouterr()
     seeds = []
-    feeds = train.training_dataset
-    monkeypatch.setattr(train, "training_dataset", lambda *args, seed: seeds.append(seed) or feeds(*args, seed=seed))
+    feeds = trainer.training_dataset
+    monkeypatch.setattr(trainer, "training_dataset", lambda *args, seed: seeds.append(seed) or feeds(*args, seed=seed))
     cfg = config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"])
-    metrics = train.train(cfg)
+    metrics = trainer.train(cfg)
     printed = capsys.readouterr().out
     assert "ckpt-48 cannot be read" in printed and "resumed from step 40" in printed
     assert metrics["global_step"] == 56
     # The resumed input is seeded for its start, not with the seed the run began with.
-    assert seeds == [train.start_seed(cfg, 40)] and seeds[0] != train.start_seed(cfg, 0)
+    assert seeds == [trainer.start_seed(cfg, 40)] and seeds[0] != trainer.start_seed(cfg, 0)
 
 
 def test_the_calibration_never_exceeds_the_time_bound(data_dir, tmp_path, capsys):
@@ -417,7 +404,7 @@ def test_the_calibration_never_exceeds_the_time_bound(data_dir, tmp_path, capsys
     )
     resolved = distribute.resolve(cfg.runtime)
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    chosen, measurements = train.choose_steps_per_execution(cfg, resolved, manifest)
+    chosen, measurements = trainer.choose_steps_per_execution(cfg, resolved, manifest)
     assert chosen == 1 and [m.steps_per_execution for m in measurements] == [1]
     assert "not tried: 4, 16" in capsys.readouterr().out
 
@@ -558,7 +545,7 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
 @pytest.mark.slow
 def test_training_with_accumulation_counts_optimizer_updates(data_dir, tmp_path, capsys):
     cfg = tiny_config(data_dir, tmp_path, "train.gradient_accumulation_steps=2", "train.total_steps=8")
-    metrics = train.train(cfg)
+    metrics = trainer.train(cfg)
     printed = capsys.readouterr().out
     assert "effective batch 64 (= 32 x 2 accumulated)" in printed
     assert metrics["global_step"] == 8  # optimizer updates, each of 2 x 32 examples
@@ -583,7 +570,7 @@ def test_a_profiler_port_in_use_is_one_warning_and_no_server(capsys):
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        assert train.start_profiler_server(port) is False
+        assert profiler.start_server(port) is False
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 1 and printed[0].startswith(f"warning: profiler port {port} is in use"), printed
     assert "runtime.profiler_port" in printed[0]
@@ -591,7 +578,7 @@ def test_a_profiler_port_in_use_is_one_warning_and_no_server(capsys):
         holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         holder.bind(("::", 0))
-        assert train.profiler_port_is_free(holder.getsockname()[1])
+        assert profiler.port_is_free(holder.getsockname()[1])
     with socket.socket() as plain:  # bound without port reuse: gRPC could not bind it
         plain.bind(("0.0.0.0", 0))
-        assert not train.profiler_port_is_free(plain.getsockname()[1])
+        assert not profiler.port_is_free(plain.getsockname()[1])

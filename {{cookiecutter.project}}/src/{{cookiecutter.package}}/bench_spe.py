@@ -15,7 +15,7 @@ from typing import Sequence
 from . import config as config_lib
 from . import distribute, input_pipeline, precision
 from .errors import run_cli
-from .train import choose_steps_per_execution
+from .trainer import choose_steps_per_execution
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,7 @@ from . import input_pipeline
 from . import steps_per_execution as spe_lib
 from .goodput import BEFORE_FIRST_STEP, time_to_first_step
 from .errors import UserError, run_cli
+from .run_dir import read_metrics
 
 
 def start(config_file: str, overrides: list[str], output_dir: str, total_steps: int, cache: str) -> dict:
@@ -48,8 +49,7 @@ def start(config_file: str, overrides: list[str], output_dir: str, total_steps: 
     for line in result.stdout.splitlines():
         if line.startswith(("time to first step", "steps_per_execution", "calibrating", "  chose")):
             print(f"    {line.strip()}", flush=True)
-    with open(os.path.join(output_dir, "metrics.json")) as handle:
-        return json.load(handle)["goodput"]["per_start"][-1]
+    return read_metrics(output_dir)["goodput"]["per_start"][-1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,14 +10,11 @@ On a Pod slice, pass every worker's address with --host (comma-separated) to tra
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from typing import Sequence
 
 from .errors import UserError, run_cli
-
-# Long enough for a TPU VM in the same zone; a firewalled host would otherwise hang the capture.
-CONNECT_TIMEOUT_SECONDS = 5
+from .profiler import connection_error
 
 
 def how_to_start(port: int) -> str:
@@ -25,15 +22,6 @@ def how_to_start(port: int) -> str:
         f"start training with `make train ARGS=runtime.profiler_port={port}`, then run `make profile "
         f"PROFILER_PORT={port}` while it trains"
     )
-
-
-def connection_error(host: str, port: int) -> OSError | None:
-    """Why nothing accepts connections on host:port, or None when something does."""
-    try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_SECONDS).close()
-    except OSError as error:
-        return error
-    return None
 
 
 def check_listening(hosts: Sequence[str], port: int) -> None:

@@ -14,26 +14,81 @@ the list of starts:
 
 from __future__ import annotations
 
+import time
+
+# The phases of a start, by the names metrics.json records them under. Code names them only
+# through these constants, so a misspelt phase is a NameError, not a phase silently left out of
+# the time to first step.
+STRATEGY = "strategy"
+DATA_CHECK = "data check"
+START_UP = "start-up"
+MODEL_BUILD = "model build"
+RESTORE = "restore"
+CALIBRATION = "calibration"
+FIRST_EXECUTION = "first execution"
+TRAINING = "training"
+EVALUATION = "evaluation"
+END_OF_FIT = "end of fit"
+EXPORT = "export"
+REPEATED_STEPS = "repeated steps"
+"""Not a phase of the clock: training time spent on steps that a later start trained again."""
+
 # The phases before a start's first step, in the order they happen.
-BEFORE_FIRST_STEP = ("strategy", "data check", "start-up", "model build", "restore", "calibration", "first execution")
+BEFORE_FIRST_STEP = (STRATEGY, DATA_CHECK, START_UP, MODEL_BUILD, RESTORE, CALIBRATION, FIRST_EXECUTION)
 
 # What to change when a phase dominates; `{spe}` is the steps_per_execution the run used.
 FIXES = {
-    "calibration": "set train.steps_per_execution={spe} (the calibrated value) to skip the measurement",
-    "first execution": "the training step's compilation is paid at every start: restart less often, or "
+    CALIBRATION: "set train.steps_per_execution={spe} (the calibrated value) to skip the measurement",
+    FIRST_EXECUTION: "the training step's compilation is paid at every start: restart less often, or "
     "shorten the compilation (a smaller model, fewer distinct shapes)",
-    "repeated steps": "checkpoint more often (lower train.checkpoint_every): each restart repeats the steps "
+    REPEATED_STEPS: "checkpoint more often (lower train.checkpoint_every): each restart repeats the steps "
     "after the last checkpoint",
-    "evaluation": "evaluate less often (raise train.eval_every) or on fewer examples",
-    "restore": "restoring the checkpoint dominates: keep checkpoints in the VM's region, or fewer of them",
-    "model build": "building the model dominates: check for Python loops building many layers",
-    "strategy": "starting the strategy dominates: on a TPU this is the TPU system's initialisation",
-    "data check": "reading the manifest dominates: keep data.dir in the VM's region",
-    "export": "exporting the SavedModel dominates a short run: train longer per run",
-    "end of fit": "releasing the input iterators stalls: see the tf.data autotuning note in input_pipeline.py",
-    "start-up": "the rest of the start-up (precision, seeds, the run's config.yaml) dominates: check the run "
+    EVALUATION: "evaluate less often (raise train.eval_every) or on fewer examples",
+    RESTORE: "restoring the checkpoint dominates: keep checkpoints in the VM's region, or fewer of them",
+    MODEL_BUILD: "building the model dominates: check for Python loops building many layers",
+    STRATEGY: "starting the strategy dominates: on a TPU this is the TPU system's initialisation",
+    DATA_CHECK: "reading the manifest dominates: keep data.dir in the VM's region",
+    EXPORT: "exporting the SavedModel dominates a short run: train longer per run",
+    END_OF_FIT: "releasing the input iterators stalls: see the tf.data autotuning note in input_pipeline.py",
+    START_UP: "the rest of the start-up (precision, seeds, the run's config.yaml) dominates: check the run "
     "directory's storage",
 }
+_DONE = "done"
+
+
+class PhaseClock:
+    """Wall-clock seconds of each phase of one start, printed at the end so that a stall shows in
+    any log. A start begins in START_UP; `start(phase)` closes the current phase and opens another."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.current, self.started = START_UP, time.perf_counter()
+
+    def start(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
+        self.current, self.started = phase, now
+
+    def move(self, seconds: float, source: str, destination: str) -> None:
+        """Re-books time measured inside one phase (periodic evaluation inside training)."""
+        self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+        self.seconds[destination] = self.seconds.get(destination, 0.0) + seconds
+
+    def so_far(self) -> dict[str, float]:
+        """The seconds of each phase, the current one up to now."""
+        seconds = dict(self.seconds)
+        seconds[self.current] = seconds.get(self.current, 0.0) + time.perf_counter() - self.started
+        return {name: round(value, 2) for name, value in seconds.items() if name != _DONE}
+
+    def describe_first_step(self) -> str:
+        parts = {name: self.seconds[name] for name in BEFORE_FIRST_STEP if self.seconds.get(name)}
+        return f"time to first step {sum(parts.values()):.1f} s: " + ", ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in parts.items()
+        )
+
+    def report(self) -> str:
+        self.start(_DONE)
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
 
 
 def time_to_first_step(phase_seconds: dict) -> float:
@@ -58,7 +113,7 @@ def summarize(starts: list[dict]) -> dict:
         lost = max(0, start["furthest_step"] - following)
         repeated += lost
         if trained > 0:
-            productive += start["phase_seconds"].get("training", 0.0) * (trained - lost) / trained
+            productive += start["phase_seconds"].get(TRAINING, 0.0) * (trained - lost) / trained
     wall = sum(phases.values())
     return {
         "starts": len(starts),
@@ -75,8 +130,8 @@ def summarize(starts: list[dict]) -> dict:
 def largest_loss(record: dict) -> tuple[str, float]:
     """(the phase, or "repeated steps", that costs the most wall time besides productive training,
     its share of the wall time)."""
-    losses = {name: seconds for name, seconds in record["phase_seconds"].items() if name != "training"}
-    losses["repeated steps"] = record["phase_seconds"].get("training", 0.0) - record["productive_seconds"]
+    losses = {name: seconds for name, seconds in record["phase_seconds"].items() if name != TRAINING}
+    losses[REPEATED_STEPS] = record["phase_seconds"].get(TRAINING, 0.0) - record["productive_seconds"]
     name = max(losses, key=losses.get)
     wall = record["wall_seconds"]
     return name, (losses[name] / wall if wall > 0 else 0.0)

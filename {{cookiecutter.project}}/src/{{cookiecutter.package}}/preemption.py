@@ -5,7 +5,7 @@ SIGTERM, and about 30 s later with a hard stop; the GCE metadata server then rep
 `instance/preempted` = TRUE. Upcoming host maintenance shows in `instance/maintenance-event`
 (anything but NONE) and `instance/upcoming-maintenance` (a JSON document, 404 when there is none).
 TensorFlow's own PreemptionCheckpointHandler and Keras' BackupAndRestore preemption saves do
-nothing on Cloud TPU VMs, so training watches both itself: the SIGTERM handler in train.py and
+nothing on Cloud TPU VMs, so training watches both itself: the SIGTERM handler in callbacks.py and
 `MetadataWatcher` here. Either one asks the training loop to save a checkpoint and exit with
 status 143 at the next execution boundary; the same command resumes.
 

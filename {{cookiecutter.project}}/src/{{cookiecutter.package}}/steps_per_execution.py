@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import tensorflow as tf
 
+from . import goodput
+
 TOLERANCE = 0.05
 ROUNDS = 3
 FRESH = "auto:fresh"
@@ -224,3 +226,121 @@ def write_cache(path: str, stored: dict) -> None:
     tf.io.gfile.makedirs(path.rsplit("/", 1)[0])
     with tf.io.gfile.GFile(path, "w") as handle:
         json.dump(stored, handle, indent=2)
+
+
+# ----------------------------------------------------------------------------- a start's decision
+
+
+@dataclass
+class Decision:
+    """What a start compiles and trains with, and where it came from."""
+
+    compiled: int
+    """The value the model is compiled with."""
+    stored: dict | None = None
+    """The calibration record this start reuses (or, once `settle` measured, the one it made)."""
+    found_in: str = ""
+    key: dict | None = None
+    """The setting (`setting()`) when `train.steps_per_execution` is auto."""
+    measure: bool = False
+    """Whether `settle` measures the candidates on the built model before training."""
+
+
+def decide(cfg, target, run_metrics: dict, finished: bool) -> Decision:
+    """The one choice of a start, in order: a fixed `train.steps_per_execution`; a finished run (only
+    evaluated: 1, nothing measured); a calibration stored for this setting (the run's own
+    metrics.json, then the cache); else measured on the built model, which is compiled with Keras'
+    loop over the steps_per_execution variable so that one compilation serves every candidate."""
+    value = cfg.train.steps_per_execution
+    if value not in ("auto", FRESH):
+        return Decision(int(value))
+    if finished:
+        return Decision(1)
+    key = setting(cfg, target, cfg.runtime.mixed_precision)
+    stored, found_in = stored_calibration(cfg, key, run_metrics)
+    if stored:
+        return Decision(stored["steps_per_execution"], stored, found_in, key)
+    return Decision(max(2, limit(cfg.train)), key=key, measure=True)
+
+
+def stored_calibration(cfg, key: dict, run_metrics: dict) -> tuple[dict | None, str]:
+    """(the stored choice for this setting, where it was found): the run's own metrics.json first
+    (a resume), then the cache (a rerun, or a new run with the same setting)."""
+    if cfg.train.steps_per_execution == FRESH:
+        return None, ""
+    own = run_metrics.get("calibration")
+    if isinstance(own, dict) and own.get("setting") == key:
+        return own, "this run's metrics.json"
+    path = cache_path(cache_dir(cfg.runtime.cache_dir), key)
+    cached = read_cache(path, key)
+    return cached, (f"the cache {path}" if cached else "")
+
+
+def settle(decision: Decision, cfg, model, dataset, strategy, clock: goodput.PhaseClock) -> int:
+    """The value this start trains with, set on `model` and in `cfg`: `decide`'s, after measuring
+    the candidates on the model to be trained when it says so (its restored or initial state is put
+    back afterwards). Compiling the loop is booked as the first execution: training reuses it, and a
+    start that reuses a stored choice pays it in fit() instead."""
+    if decision.key is None:  # fixed, or a finished run
+        if cfg.train.steps_per_execution in ("auto", FRESH):
+            cfg.train.steps_per_execution = decision.compiled
+        return int(cfg.train.steps_per_execution)
+    if decision.measure:
+        with strategy.scope():
+            snapshot = Snapshot(model)
+            clock.start(goodput.FIRST_EXECUTION)
+            iterator = iter(dataset)
+            train_function = loop_function(model, iterator)
+            clock.start(goodput.CALIBRATION)
+            chosen, measurements = calibrate_and_report(cfg, model, iterator, train_function)
+            snapshot.restore()
+            del iterator
+        decision.stored = record(decision.key, chosen, measurements)
+        cache = cache_path(cache_dir(cfg.runtime.cache_dir), decision.key)
+        write_cache(cache, decision.stored)
+        print(f"  stored in this run's metrics.json and in {cache}", flush=True)
+        clock.start(goodput.START_UP)
+    else:
+        print(
+            f"steps_per_execution {decision.stored['steps_per_execution']}: reusing the calibration in "
+            f"{decision.found_in} (no candidate compiled; train.steps_per_execution={FRESH} measures again)",
+            flush=True,
+        )
+    cfg.train.steps_per_execution = decision.stored["steps_per_execution"]
+    model.steps_per_execution.assign(cfg.train.steps_per_execution)
+    return cfg.train.steps_per_execution
+
+
+def calibrate_and_report(cfg, model, iterator, train_function=None):
+    """`calibrate` with the config's bounds, printing why it chose what it chose; returns (chosen,
+    measurements)."""
+    bound = limit(cfg.train)
+    print(f"calibrating steps_per_execution (candidates up to {bound}, median of {ROUNDS} rounds each):", flush=True)
+    chosen, measurements = calibrate(
+        model,
+        iterator,
+        bound,
+        max_seconds_per_execution=cfg.train.max_seconds_per_execution,
+        train_function=train_function,
+    )
+    best = max(m.steps_per_second for m in measurements)
+    for m in measurements:
+        mark = "  <- chosen" if m is chosen else ""
+        rounds = ", ".join(f"{rate:.2f}" for rate in m.rounds)
+        print(
+            f"  steps_per_execution {m.steps_per_execution:4d}: {m.steps_per_second:8.2f} steps/s "
+            f"(rounds {rounds}){mark}",
+            flush=True,
+        )
+    print(
+        f"  chose {chosen.steps_per_execution}: the largest within {TOLERANCE:.0%} of the fastest ({best:.2f} steps/s)",
+        flush=True,
+    )
+    skipped = [value for value in candidates(bound) if value > measurements[-1].steps_per_execution]
+    if skipped:
+        print(
+            f"  not tried: {', '.join(map(str, skipped))} (one execution would exceed "
+            f"train.max_seconds_per_execution={cfg.train.max_seconds_per_execution:g} s)",
+            flush=True,
+        )
+    return chosen, measurements

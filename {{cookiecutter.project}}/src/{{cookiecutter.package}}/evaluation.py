@@ -1,0 +1,65 @@
+"""Evaluation: every eval example exactly once, on any number of replicas and hosts.
+
+The padded last batches carry weight-0 examples (input_pipeline.py), and every metric is weighted,
+so the metrics count each real example once. `make train` evaluates with this at its eval
+boundaries and at the end; `make eval` (evaluate.py) on the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from . import config as config_lib
+from . import input_pipeline, tasks
+from .model import LOSS_METRIC, metric_names
+from .run_dir import run_path
+
+
+def sync_replica_statistics(model, strategy: tf.distribute.Strategy) -> None:
+    """Gives every replica the mean of the per-replica statistics (batch norm's moving mean and
+    variance): the values a checkpoint stores and the export serves.
+
+    Such variables are synchronised on read: during training each replica updates its own copy from
+    its own batches. Left alone, an evaluation in the training process would judge each replica's
+    share of the eval set with that replica's statistics, and so disagree with the same evaluation
+    after a restore (or with the exported model), most of all early in training and with small
+    per-replica batches.
+    """
+    with strategy.scope():
+        for variable in model.non_trainable_variables:
+            if getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ:
+                variable.assign(variable.read_value())
+
+
+def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> dict:
+    """The task's weighted metrics and loss over the whole eval split, and its throughput."""
+    sync_replica_statistics(model, strategy)
+    dataset, steps = input_pipeline.distributed_dataset(
+        strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
+    )
+    started = time.perf_counter()
+    results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    elapsed = time.perf_counter() - started
+    examples = manifest["splits"]["eval"]["num_examples"]
+    return {
+        **{name: float(results[LOSS_METRIC if name == "loss" else name]) for name in metric_names()},
+        "eval_examples": examples,
+        "eval_examples_per_second": examples / elapsed,
+    }
+
+
+def describe(metrics: dict) -> str:
+    """The metrics in words, the task's headline first: e.g. 'accuracy 0.9313, loss 0.2208'."""
+    headline = tasks.current().headline_metric
+    names = [headline, *(name for name in metric_names() if name != headline)]
+    return ", ".join(f"{name} {metrics[name]:.4f}" for name in names)
+
+
+def write_eval_summaries(output_dir: str, metrics: dict, step: int) -> None:
+    writer = tf.summary.create_file_writer(run_path(output_dir, "logs", "eval"))
+    with writer.as_default(step=step):
+        for name in metric_names():
+            tf.summary.scalar(name, metrics[name])
+    writer.close()

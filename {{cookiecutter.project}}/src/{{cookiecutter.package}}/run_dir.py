@@ -1,0 +1,113 @@
+"""The run directory (`runtime.output_dir`, local or gs://): its paths, its record and its export.
+
+    config.yaml      the resolved config of the training that produced the checkpoints
+    checkpoints/     numbered by step; checkpoints/best/ holds the best periodic evaluation's
+    logs/            TensorBoard: train/, eval/, plugins/profile/
+    metrics.json     the run record (`RunRecord`): evaluation, history, timings, goodput, calibration
+    export/          the SavedModel and, in assets.extra/, what `predict` needs
+
+metrics.json has exactly one writer, `RunRecord.write`: it is read once when a command starts,
+updated in memory and written whole, atomically (see `write_atomically`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import tensorflow as tf
+
+from . import tasks
+from .errors import UserError
+
+METRICS = "metrics.json"
+
+
+def run_path(output_dir: str, *parts: str) -> str:
+    return "/".join([output_dir.rstrip("/"), *parts])
+
+
+def checkpoint_step(path: str) -> int:
+    """The step a checkpoint was saved at: checkpoints are numbered by step (`ckpt-400`)."""
+    return int(path.rsplit("-", 1)[1])
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    return tf.train.latest_checkpoint(run_path(output_dir, "checkpoints"))
+
+
+def write_atomically(path: str, content: str) -> None:
+    """Writes `path` so that a reader (or a process killed mid-write) sees the old content or the
+    new one, never a part: the content goes to a temporary file beside it, then replaces it.
+
+    On a local disk the rename is atomic (POSIX rename(2)). On gs:// a rename is a copy then a
+    delete, but Cloud Storage objects are replaced whole: the temporary object is complete before
+    the copy starts, and the copy creates the new generation of `path` in one step. What gs:// does
+    not give is the old-or-new guarantee for the temporary object: a killed writer may leave a
+    stray `.tmp-*` object beside the record, which nothing reads.
+    """
+    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with tf.io.gfile.GFile(temporary, "w") as handle:
+        handle.write(content)
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+class RunRecord:
+    """metrics.json: what a run reports about itself, over all its starts.
+
+    Read once when created; `update` changes the record in memory and `write` puts it on disk whole.
+    Keys written by one start and not renewed by the next (the calibration, the history, the
+    goodput of earlier starts) are kept.
+    """
+
+    def __init__(self, output_dir: str):
+        self.path = run_path(output_dir, METRICS)
+        self.values: dict = self._read()
+
+    def _read(self) -> dict:
+        if not tf.io.gfile.exists(self.path):
+            return {}
+        with tf.io.gfile.GFile(self.path) as handle:
+            text = handle.read()
+        try:
+            values = json.loads(text)
+        except ValueError as error:
+            raise UserError(
+                f"{self.path} is not valid JSON ({error}); move it away to let this run write a new one"
+            ) from None
+        return values if isinstance(values, dict) else {}
+
+    def get(self, key: str, default=None):
+        return self.values.get(key, default)
+
+    def update(self, **values) -> None:
+        self.values.update(values)
+
+    def write(self) -> str:
+        write_atomically(self.path, json.dumps(self.values, indent=2) + "\n")
+        return self.path
+
+
+def read_metrics(output_dir: str) -> dict:
+    """metrics.json's content ({} when the run has none)."""
+    return RunRecord(output_dir).values
+
+
+def export(model, output_dir: str, manifest: dict, cfg) -> str:
+    """A SavedModel with the task's serving signature (shaped by the config's `predict:` keys), and
+    in its assets.extra/ what `predict` needs: the manifest and the task's assets (e.g. its tokenizer)."""
+    task = tasks.current()
+    path = run_path(output_dir, "export")
+    options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
+    signature = task.serving_signature(model, manifest, cfg.predict)
+    tf.saved_model.save(model, path, signatures={"serving_default": signature}, options=options)
+    extra = run_path(path, "assets.extra")
+    tf.io.gfile.makedirs(extra)
+    files = {
+        "manifest.json": json.dumps(manifest, indent=2).encode(),
+        **task.export_assets(manifest, cfg.data.dir),
+    }
+    for name, content in files.items():
+        with tf.io.gfile.GFile(run_path(extra, name), "wb") as handle:
+            handle.write(content)
+    return path

@@ -1,0 +1,335 @@
+"""Training: strategy -> input -> model -> fit with checkpoints, logs and profiling -> evaluation.
+
+`train(cfg)` runs (or resumes) one start of a run; `Trainer.run` is its story, one named step a
+line. A run lives in `runtime.output_dir` (run_dir.py). Starting again resumes from the latest
+checkpoint; SIGTERM or a metadata notice saves a checkpoint and raises `Preempted` within one
+execution of `steps_per_execution` steps (the command exits with 143); a NaN loss stops the run
+without saving. What happens between executions is in callbacks.py, one callback per concern.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import tensorflow as tf
+
+from . import callbacks, distribute, goodput, input_pipeline, precision, profiler, schedule, tasks
+from . import config as config_lib
+from . import steps_per_execution as spe_lib
+from .errors import UserError
+from .evaluation import describe, evaluate_model, write_eval_summaries
+from .keras import keras
+from .model import build_model, compile_model, metric_names
+from .run_dir import RunRecord, checkpoint_step, export, latest_checkpoint, run_path
+from .topology import Target
+
+
+class Preempted(Exception):
+    """The run stopped for a preemption or maintenance notice, its checkpoint saved; the same
+    command resumes it."""
+
+    def __init__(self, reason: str, step: int):
+        super().__init__(f"preempted ({reason}) at step {step}")
+        self.reason, self.step = reason, step
+
+
+def train(cfg: config_lib.Config) -> dict:
+    """Runs (or resumes) training and the final evaluation; returns the metrics."""
+    return Trainer(cfg).run()
+
+
+class Trainer:
+    """One start of a run. Each method is a step of `run`, in order; what a step learns that later
+    steps need is kept on the trainer (target, manifest, model, initial_step, ...)."""
+
+    def __init__(self, cfg: config_lib.Config):
+        self.cfg = cfg
+        self.clock = goodput.PhaseClock()
+
+    def run(self) -> dict:
+        self.resolve()
+        self.build_and_restore()
+        self.settle_steps_per_execution()
+        self.fit()
+        if self.preemption.reason:
+            self.stop_preempted()
+        return self.finish()
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def resolve(self) -> None:
+        """Where it runs, what data it reads, the precision and the seeds; prints the data line."""
+        cfg, clock = self.cfg, self.clock
+        clock.start(goodput.STRATEGY)
+        self.target = distribute.resolve(cfg.runtime)
+        clock.start(goodput.DATA_CHECK)
+        self.manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+        clock.start(goodput.START_UP)
+        per_replica = self.target.per_replica_batch_size(cfg.train.global_batch_size)
+        # config.yaml and metrics.json record the precision that ran, not `auto`.
+        chosen_precision = precision.apply(cfg.runtime.mixed_precision, self.target.kind)
+        cfg.runtime.mixed_precision = chosen_precision.precision
+        keras.utils.set_random_seed(cfg.runtime.seed)
+        tf.io.gfile.makedirs(cfg.runtime.output_dir)
+        self.record = RunRecord(cfg.runtime.output_dir)
+        print(describe_start(cfg, self.target, self.manifest, per_replica, chosen_precision.describe()), flush=True)
+
+    def build_and_restore(self) -> None:
+        """The model (compiled with the steps_per_execution `spe_lib.decide` chose), its optimizer
+        slots, the checkpoint managers, and the restore of the newest readable checkpoint."""
+        cfg, clock, output_dir = self.cfg, self.clock, self.cfg.runtime.output_dir
+        latest = latest_checkpoint(output_dir)
+        # A finished run is only evaluated again: nothing is measured, and its config.yaml keeps
+        # describing the training that produced it.
+        self.finished = latest is not None and checkpoint_step(latest) >= cfg.train.total_steps
+        self.decision = spe_lib.decide(cfg, self.target, self.record.values, self.finished)
+        clock.start(goodput.MODEL_BUILD)
+        with self.target.strategy.scope():
+            self.model = compile_model(build_model(cfg, self.manifest), cfg.train, self.decision.compiled)
+            # The optimizer's slots exist before the restore, so that it fills them at once: Keras would
+            # otherwise create them at the first update, and a finished run (evaluated, never updated)
+            # would warn about every slot value the checkpoint holds.
+            self.model.optimizer.build(self.model.trainable_variables)
+            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
+        self.manager = tf.train.CheckpointManager(
+            checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
+        )
+        # The best periodic evaluation's checkpoint, in its own folder: the rotation above never deletes it.
+        self.best_manager = tf.train.CheckpointManager(
+            checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1
+        )
+        clock.start(goodput.RESTORE)
+        restore_newest_readable(checkpoint, self.manager)
+        self.initial_step = int(self.model.optimizer.iterations.numpy())
+        clock.start(goodput.START_UP)
+        print(f"resumed from step {self.initial_step}" if self.initial_step else "starting from step 0", flush=True)
+
+    def settle_steps_per_execution(self) -> None:
+        """The train input for this start, and the steps_per_execution it trains with (measured on the
+        restored model when `auto` has nothing stored for this setting); writes config.yaml."""
+        cfg = self.cfg
+        self.remaining = cfg.train.total_steps - self.initial_step
+        self.dataset = (
+            training_dataset(cfg, self.target, self.manifest, seed=start_seed(cfg, self.initial_step))
+            if self.remaining > 0
+            else None
+        )
+        spe_lib.settle(self.decision, cfg, self.model, self.dataset, self.target.strategy, self.clock)
+        if not self.finished:
+            with tf.io.gfile.GFile(run_path(cfg.runtime.output_dir, "config.yaml"), "w") as handle:
+                handle.write(config_lib.dump(cfg))
+        print(
+            f"steps_per_execution {cfg.train.steps_per_execution}; checkpoints every {cfg.train.checkpoint_every} "
+            f"steps to {self.manager.directory}"
+            + (f"; evaluation every {cfg.train.eval_every} steps" if cfg.train.eval_every else ""),
+            flush=True,
+        )
+
+    def fit(self) -> None:
+        """Keras' fit over the remaining steps with the callbacks, under the preemption watch."""
+        cfg = self.cfg
+        # This start's entry in the goodput record, rewritten as it goes (see goodput.py).
+        self.earlier_starts = self.record.get("goodput", {}).get("per_start", [])
+        self.this_start = {"initial_step": self.initial_step, "furthest_step": self.initial_step, "end": "running"}
+        if cfg.runtime.profiler_port:
+            profiler.start_server(cfg.runtime.profiler_port)
+        self.writer = tf.summary.create_file_writer(run_path(cfg.runtime.output_dir, "logs", "train"))
+        callback_list = self.callbacks()
+        self.clock.start(goodput.FIRST_EXECUTION if self.remaining > 0 else goodput.TRAINING)
+        try:
+            with self.preemption.watching():
+                if self.remaining > 0:
+                    self.model.fit(
+                        self.dataset, epochs=1, steps_per_epoch=self.remaining, callbacks=callback_list, verbose=0
+                    )
+        finally:
+            self.profile_window.stop()
+            self.writer.flush()
+        self.clock.move(self.evaluation.seconds, goodput.TRAINING, goodput.EVALUATION)
+        if self.remaining > 0:
+            # From the last step's callback to fit() returning: releasing the input iterators. Near 0 s;
+            # the tf.data autotuning race described in input_pipeline.py made it minutes.
+            self.clock.move(time.perf_counter() - self.first_execution.end_time, goodput.TRAINING, goodput.END_OF_FIT)
+        self.step = self.first_execution.step
+        if self.checkpoints.save_seconds:
+            seconds = self.checkpoints.save_seconds
+            print(f"checkpoint save: {max(seconds):.2f} s at most ({len(seconds)} saves)", flush=True)
+
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        """Between executions, in the order they act (callbacks.py says what each does)."""
+        cfg, step, output_dir = self.cfg, self.initial_step, self.cfg.runtime.output_dir
+        names = metric_names()
+        self.first_execution = callbacks.FirstExecution(step, self.clock)
+        self.profile_window = callbacks.ProfileWindow(step, cfg.profile_window(), output_dir)
+        self.checkpoints = callbacks.Checkpoints(step, self.manager, cfg.train.checkpoint_every)
+        self.preemption = callbacks.Preemption(step, self.checkpoints, cfg.runtime.metadata_poll_seconds)
+        history = [entry for entry in self.record.get("history", []) if entry["step"] <= step]
+        self.evaluation = callbacks.PeriodicEvaluation(
+            step,
+            cfg,
+            evaluate=lambda: evaluate_model(self.model, self.target.strategy, cfg, self.manifest),
+            best_manager=self.best_manager,
+            history=history,
+            metric_names=names,
+            write_summaries=lambda metrics, at: write_eval_summaries(output_dir, metrics, at),
+            describe=describe,
+        )
+        return [
+            self.first_execution,
+            callbacks.NanGuard(step, self.manager),
+            callbacks.StepLog(step, cfg, self.writer, names),
+            callbacks.GoodputProgress(step, cfg.train.log_every, self.record_progress),
+            self.profile_window,
+            self.checkpoints,
+            self.preemption,
+            self.evaluation,
+        ]
+
+    def record_progress(self, step: int, end: str = "running") -> dict:
+        """This start's entry in the goodput record, written to the run record with the calibration."""
+        self.this_start.update(furthest_step=step, phase_seconds=self.clock.so_far(), end=end)
+        summary = goodput.summarize([*self.earlier_starts, self.this_start])
+        if self.decision.stored:
+            self.record.update(calibration=self.decision.stored)
+        self.record.update(goodput=summary)
+        self.record.write()
+        return summary
+
+    def stop_preempted(self) -> None:
+        """The checkpoint is saved (callbacks.Preemption): records this start and raises Preempted."""
+        print(
+            f"preempted ({self.preemption.reason}) at step {self.step}: checkpoint saved to "
+            f"{self.manager.latest_checkpoint}; run the same command again to resume",
+            flush=True,
+        )
+        if self.evaluation.history:
+            self.record.update(**self.evaluation.summary())
+        summary = self.record_progress(self.step, end="preempted")
+        print(f"timings: {self.clock.report()}", flush=True)
+        print(goodput.describe(summary, self.cfg.train.steps_per_execution), flush=True)
+        raise Preempted(self.preemption.reason, self.step)
+
+    def finish(self) -> dict:
+        """The last checkpoint, the final evaluation, the export, the run record and the report."""
+        cfg, step, output_dir = self.cfg, self.step, self.cfg.runtime.output_dir
+        if not self.checkpoints.saved(step):
+            self.checkpoints.save(step)
+        self.clock.start(goodput.EVALUATION)
+        metrics = evaluate_model(self.model, self.target.strategy, cfg, self.manifest)
+        # Over what an earlier start wrote: a rerun of a finished run renews the evaluation, keeps
+        # the rest, and keeps the run's throughput (no step trained in this start).
+        throughput = self.first_execution.examples_per_second(cfg.effective_batch_size, self.evaluation.seconds)
+        if not math.isfinite(throughput):
+            throughput = self.record.get("examples_per_second") or 0.0
+        metrics.update(global_step=step, examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
+        if self.checkpoints.save_seconds:
+            metrics["checkpoint_save_seconds"] = round(max(self.checkpoints.save_seconds), 3)
+        if cfg.train.eval_every:
+            self.evaluation.record(step, metrics)
+            metrics.update(self.evaluation.summary())
+        else:
+            write_eval_summaries(output_dir, metrics, step)
+        self.clock.start(goodput.EXPORT)
+        export_dir = export(self.model, output_dir, self.manifest, cfg)
+        metrics["phase_seconds"] = self.clock.so_far()
+        metrics["time_to_first_step_seconds"] = round(goodput.time_to_first_step(metrics["phase_seconds"]), 2)
+        self.record.update(**metrics)
+        summary = self.record_progress(step, end="finished")
+        timings = self.clock.report()
+        headline = tasks.current().headline_metric
+        best = (
+            f" (best {metrics[f'best_{headline}']:.4f} at step {metrics['best_step']})"
+            if "best_step" in metrics
+            else ""
+        )
+        print(
+            f"eval {describe(metrics)} at step {step}{best}; training {metrics['examples_per_second']:.1f} "
+            f"examples/s; metrics -> {self.record.path}; SavedModel -> {export_dir}",
+            flush=True,
+        )
+        print(f"timings: {timings}", flush=True)
+        print(goodput.describe(summary, cfg.train.steps_per_execution), flush=True)
+        return {**metrics, "goodput": summary}
+
+
+# ------------------------------------------------------------------------------- the pieces
+
+
+def describe_start(cfg: config_lib.Config, target: Target, manifest: dict, per_replica: int, precision: str) -> str:
+    """The start-up line: data, batch, learning rate and precision."""
+    peak = schedule.scaled_learning_rate(
+        cfg.train.base_learning_rate, cfg.effective_batch_size, cfg.train.base_batch_size
+    )
+    accumulation = cfg.train.gradient_accumulation_steps
+    effective = (
+        f", effective batch {cfg.effective_batch_size} (= {cfg.train.global_batch_size} x {accumulation} accumulated)"
+        if accumulation > 1
+        else ""
+    )
+    splits = manifest["splits"]
+    return (
+        f"data: {splits['train']['num_examples']} train / {splits['eval']['num_examples']} eval examples, "
+        f"{tasks.current().describe_data(manifest)}; global batch {cfg.train.global_batch_size} = "
+        f"{per_replica} per replica x {target.replicas}{effective}; learning rate {peak:g} (= "
+        f"{cfg.train.base_learning_rate:g} x {cfg.effective_batch_size}/{cfg.train.base_batch_size}), "
+        f"warm-up {cfg.train.warmup_steps} updates; precision {precision}"
+    )
+
+
+def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, seed: int):
+    """The train split, repeated and shuffled with `seed`, distributed over the replicas."""
+    dataset, _ = input_pipeline.distributed_dataset(
+        resolved.strategy,
+        cfg.data.dir,
+        manifest,
+        "train",
+        cfg.train.global_batch_size,
+        training=True,
+        seed=seed,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        accumulation_steps=cfg.train.gradient_accumulation_steps,
+    )
+    return dataset
+
+
+def start_seed(cfg: config_lib.Config, initial_step: int) -> int:
+    """The training input's seed for a start at `initial_step`: a new one per start, so a resumed run
+    reads the train split in another order and does not replay the batches it began with."""
+    return cfg.runtime.seed + initial_step
+
+
+def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
+    """(`train.steps_per_execution`, the measurements): measured on a model of its own when it is
+    `auto` (benchmarks and tests; a run calibrates the model it trains, in `settle`)."""
+    if not config_lib.is_auto(cfg.train.steps_per_execution):
+        return int(cfg.train.steps_per_execution), []
+    with resolved.strategy.scope():
+        model = compile_model(build_model(cfg, manifest), cfg.train, max(2, spe_lib.limit(cfg.train)))
+    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
+    chosen, measurements = spe_lib.calibrate_and_report(cfg, model, iter(dataset))
+    return chosen.steps_per_execution, measurements
+
+
+def restore_newest_readable(checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> str | None:
+    """Restores the newest checkpoint that can be read; returns its path, or None for a fresh start.
+
+    A save cut short (the VM stopped mid-write, a truncated file on a full disk) leaves a newest
+    checkpoint that cannot be read: that is not fatal, the one before it is used, and the log says so.
+    """
+    for path in reversed(manager.checkpoints):
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+            return path
+        except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
+            detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            print(
+                f"checkpoint {path} cannot be read ({type(error).__name__}: {detail}); trying the one before",
+                flush=True,
+            )
+    if manager.checkpoints:
+        raise UserError(
+            f"no checkpoint in {manager.directory} can be read; move the folder away to start afresh, "
+            "or set runtime.output_dir to a new run directory"
+        )
+    return None
