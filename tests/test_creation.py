@@ -19,12 +19,15 @@ EXPECTED_FILES = {
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/template_update.sh", "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (
-        "__init__", "bench_input", "bench_preprocess", "bench_spe", "bench_startup", "callbacks", "capture_profile",
-        "config", "distribute", "evaluation", "gcp", "goodput",
+        "__init__", "bench_input", "bench_preprocess", "bench_spe", "bench_startup", "capture_profile", "config",
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/model",
-        "doctor/tpu_vm", "doctor/training", "errors", "evaluate", "input_pipeline", "keras", "model",
-        "new_task", "precision", "predict", "preemption", "preprocess", "profiler", "run_dir", "sample_data",
-        "schedule", "steps_per_execution", "task", "tasks/__init__", "topology", "train", "trainer")),
+        "doctor/tpu_vm", "doctor/training", "evaluate", "new_task", "predict", "preprocess", "sample_data",
+        "tasks/__init__", "train")),
+    # The library the commands share.
+    *(f"src/{{package}}/core/{name}.py" for name in (
+        "__init__", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_pipeline",
+        "keras", "model", "precision", "preemption", "preprocessing", "profiler", "run_dir", "schedule",
+        "steps_per_execution", "task", "topology", "trainer")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/local.yaml", "configs/tpu.yaml",
@@ -32,7 +35,7 @@ EXPECTED_FILES = {
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
-        "test_input", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
+        "test_input", "test_layout", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
         "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
@@ -85,7 +88,7 @@ def test_bake_every_option(tmp_path, tpu_type, task):
     assert (answers["tpu_type"], answers["task"], answers["gcs_bucket"]) == (tpu_type, task, "acme-tpu-data")
     project_mk = (project / "project.mk").read_text()
     assert "GCP_PROJECT ?= acme-ml-research" in project_mk and f"TPU_TYPE ?= {tpu_type}" in project_mk
-    assert f'DEFAULT_TPU_TYPE = "{tpu_type}"' in (project / "src/vision_lab/topology.py").read_text()
+    assert f'DEFAULT_TPU_TYPE = "{tpu_type}"' in (project / "src/vision_lab/core/topology.py").read_text()
     for config in ("local", "tpu", "pod"):  # every shipped config loads with the baked code
         subprocess.run([str(VENV / "bin/python"), "-m", "vision_lab.config", "--config", f"configs/{config}.yaml"],
                        cwd=project, env={"PYTHONPATH": str(project / "src")}, check=True, capture_output=True)

@@ -200,7 +200,7 @@ REGRESSION_OBJECTIVE = '''
 '''
 REGRESSION_METRICS = '''
     def metrics(self) -> list:
-        from ...keras import keras
+        from ...core.keras import keras
 
         return [keras.metrics.MeanAbsoluteError(name="mae")]
 '''

@@ -69,7 +69,7 @@ def global_state_restored():
 @pytest.fixture(scope="session", autouse=True)
 def eight_cpu_replicas():
     """Splits the CPU before any TensorFlow op runs in this process."""
-    from {{ cookiecutter.package }} import distribute
+    from {{ cookiecutter.package }}.core import distribute
 
     distribute.split_cpu(REPLICAS)
 
@@ -137,7 +137,7 @@ def data_dir(raw_dir, tmp_path_factory) -> Path:
 
 def task_config(task_name: str, data_dir: Path, output_dir: Path, *overrides: str):
     """The task's local config shrunk to run in seconds: same code path, smaller everything."""
-    from {{ cookiecutter.package }} import config
+    from {{ cookiecutter.package }}.core import config
 
     with selected(task_name) as task:
         return config.load(
@@ -166,10 +166,10 @@ def finished_run_of(task_name: str, tmp_path_factory):
     steps of steps_per_execution 4 in bfloat16 whatever the CPU supports (the TPU's code path), a
     profile window, an evaluation every 16 steps and a rotation of two checkpoints out of six saves."""
     if task_name not in _RUNS:
-        from {{ cookiecutter.package }} import distribute, input_pipeline, precision, trainer
-        from {{ cookiecutter.package }}.evaluation import evaluate_model
-        from {{ cookiecutter.package }}.keras import keras
-        from {{ cookiecutter.package }}.model import build_model, compile_model
+        from {{ cookiecutter.package }}.core import distribute, input_pipeline, precision, trainer
+        from {{ cookiecutter.package }}.core.evaluation import evaluate_model
+        from {{ cookiecutter.package }}.core.keras import keras
+        from {{ cookiecutter.package }}.core.model import build_model, compile_model
 
         _, data = task_sample(task_name, tmp_path_factory)
         output = tmp_path_factory.mktemp(f"run-{task_name}")

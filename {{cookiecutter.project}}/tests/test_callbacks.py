@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_config
-from {{ cookiecutter.package }} import callbacks, goodput, tasks
-from {{ cookiecutter.package }}.keras import keras
-from {{ cookiecutter.package }}.model import metric_names
+from {{ cookiecutter.package }}.core import callbacks, goodput
+from {{ cookiecutter.package }} import tasks
+from {{ cookiecutter.package }}.core.keras import keras
+from {{ cookiecutter.package }}.core.model import metric_names
 
 
 @pytest.fixture
@@ -104,10 +105,16 @@ def test_step_log_prints_at_log_boundaries_and_logs_every_steps_rate(float32_pol
     assert rates[3] == pytest.approx(log.learning_rate(3)) and rates[1] < rates[3]  # warm-up rises
 
 
-def test_goodput_progress_records_at_each_log_boundary(float32_policy):
+def test_goodput_progress_records_at_each_log_boundary_and_the_last_step(float32_policy):
     recorded = []
-    fit([callbacks.GoodputProgress(0, 4, recorded.append)], steps=9, steps_per_execution=3)
-    assert recorded == [6, 9]
+    fit([callbacks.GoodputProgress(0, 4, 9, recorded.append)], steps=9, steps_per_execution=3)
+    assert recorded == [6, 9]  # 6 crosses 4, 9 crosses 8
+    recorded.clear()
+    fit([callbacks.GoodputProgress(0, 8, 9, recorded.append)], steps=9, steps_per_execution=3)
+    assert recorded == [9]  # 9 crosses 8 ...
+    recorded.clear()
+    fit([callbacks.GoodputProgress(0, 4, 10, recorded.append)], steps=10, steps_per_execution=2)
+    assert recorded == [4, 8, 10]  # ... and 10 is the last step
 
 
 def test_profile_window_traces_its_steps(float32_policy, tmp_path, capsys):

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from conftest import selected
-from {{ cookiecutter.package }} import config, tasks
-from {{ cookiecutter.package }}.config import ConfigError
+from {{ cookiecutter.package }}.core import config
+from {{ cookiecutter.package }} import tasks
+from {{ cookiecutter.package }}.core.config import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # The project's task's configs, and those of every task added later (configs/<task>/).

@@ -22,10 +22,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import PROJECT, config_file, finished_run_of, selected, task_sample, task_config
-from {{ cookiecutter.package }} import config, input_pipeline, predict, tasks, trainer
-from {{ cookiecutter.package }} import task as task_lib
-from {{ cookiecutter.package }}.errors import UserError
-from {{ cookiecutter.package }}.task import RawExample, Task
+from {{ cookiecutter.package }}.core import config, input_pipeline, trainer
+from {{ cookiecutter.package }} import predict, tasks
+from {{ cookiecutter.package }}.core import task as task_lib
+from {{ cookiecutter.package }}.core.errors import UserError
+from {{ cookiecutter.package }}.core.task import RawExample, Task
 
 TASKS = tasks.available()
 
@@ -161,9 +162,9 @@ def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(
     task = tasks.current()
     if not task.categorical_targets:
         pytest.skip("the task's targets are not categories: it serves no class and its probability")
-    from {{ cookiecutter.package }} import model as model_lib
-    from {{ cookiecutter.package }} import precision
-    from {{ cookiecutter.package }}.keras import keras
+    from {{ cookiecutter.package }}.core import model as model_lib
+    from {{ cookiecutter.package }}.core import precision
+    from {{ cookiecutter.package }}.core.keras import keras
 
     cfg, output, metrics, _ = contract_run
     raw, data = sample
@@ -257,7 +258,7 @@ def test_a_task_missing_required_members_fails_at_load_in_one_line(tmp_path, mon
     ]
     assert message == (
         f"task 'unfinished' ({package / 'task.py'}) does not implement {', '.join(missing)}; see Task in "
-        f"src/{tasks.__name__.split('.')[0]}/task.py for what each must return"
+        f"src/{tasks.__name__.split('.')[0]}/core/task.py for what each must return"
     )
     # No TASK at all: one line too.
     (package / "__init__.py").write_text("")
@@ -290,5 +291,5 @@ def test_make_train_stops_at_once_on_a_task_missing_a_member(tmp_path):
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
         f"error: task '{tasks.DEFAULT}' (src/{package}/tasks/{tasks.DEFAULT}/task.py) does not implement "
-        f"build_model; see Task in src/{package}/task.py for what each must return\n"
+        f"build_model; see Task in src/{package}/core/task.py for what each must return\n"
     )

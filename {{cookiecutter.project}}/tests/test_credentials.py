@@ -14,8 +14,9 @@ import tensorflow as tf
 from google.api_core import exceptions as api_exceptions
 
 from conftest import PROJECT
-from {{ cookiecutter.package }} import doctor, evaluate, gcp, predict, preprocess, train
-from {{ cookiecutter.package }}.errors import UserError, run_cli
+from {{ cookiecutter.package }} import doctor, evaluate, predict, preprocess, train
+from {{ cookiecutter.package }}.core import gcp
+from {{ cookiecutter.package }}.core.errors import UserError, run_cli
 
 BUCKET = "gs://my-tpu-bucket"
 LOCAL = str(PROJECT / "configs/local.yaml")

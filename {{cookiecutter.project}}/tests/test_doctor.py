@@ -13,10 +13,11 @@ import pytest
 
 from conftest import DATA_OVERRIDES
 
-from {{ cookiecutter.package }} import config, doctor, tasks, topology
+from {{ cookiecutter.package }}.core import config, topology
+from {{ cookiecutter.package }} import doctor, tasks
 from {{ cookiecutter.package }}.doctor import data as data_rules
 from {{ cookiecutter.package }}.doctor import engine, tpu_vm
-from {{ cookiecutter.package }}.errors import run_cli
+from {{ cookiecutter.package }}.core.errors import run_cli
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"
@@ -194,7 +195,7 @@ def test_float32_on_a_tpu_warns(data_dir, tmp_path):
 
 
 def test_the_host_cpus_bfloat16_is_reported_with_the_local_config(data_dir, tmp_path, monkeypatch):
-    from {{ cookiecutter.package }} import precision
+    from {{ cookiecutter.package }}.core import precision
 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
@@ -218,7 +219,7 @@ def test_the_real_input_has_static_shapes(data_dir, tmp_path):
 
 
 def test_input_without_drop_remainder_fails(data_dir, tmp_path, monkeypatch):
-    from {{ cookiecutter.package }} import input_pipeline
+    from {{ cookiecutter.package }}.core import input_pipeline
 
     real = input_pipeline.make_dataset
 

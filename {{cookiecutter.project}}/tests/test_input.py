@@ -9,8 +9,9 @@ import re
 import pytest
 import tensorflow as tf
 
-from {{ cookiecutter.package }} import config, distribute, input_pipeline, tasks
-from {{ cookiecutter.package }}.errors import UserError
+from {{ cookiecutter.package }}.core import config, distribute, input_pipeline
+from {{ cookiecutter.package }} import tasks
+from {{ cookiecutter.package }}.core.errors import UserError
 
 
 def load_manifest(data_dir):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from {{ cookiecutter.package }} import precision
+from {{ cookiecutter.package }}.core import precision
 
 ZEN3 = {"fpu", "sse4_2", "avx", "avx2", "fma", "vaes"}  # an AVX2-only AMD EPYC (no AVX-512)
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}

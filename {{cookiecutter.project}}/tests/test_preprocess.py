@@ -18,8 +18,10 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from conftest import DATA_OVERRIDES, PROJECT, SAMPLE_BROKEN, run_preprocess
 
-from {{ cookiecutter.package }} import input_pipeline, preprocess, tasks, topology
-from {{ cookiecutter.package }}.task import RawExample
+from {{ cookiecutter.package }}.core import input_pipeline, topology
+from {{ cookiecutter.package }} import preprocess, tasks
+from {{ cookiecutter.package }}.core import preprocessing
+from {{ cookiecutter.package }}.core.task import RawExample
 
 MB = 2**20
 # Small examples and a few shards keep each run to a second or two.
@@ -162,7 +164,7 @@ def test_runs_are_deterministic(raw_dir, reference, tmp_path):
         for example in task.read_raw(relative, (raw_dir / relative).read_bytes())
         if isinstance(example, RawExample) and str(raw_dir / example.source) not in rejected
     ]
-    expected_eval = sum(preprocess.split_of(source, 0.2) == "eval" for source in sources)
+    expected_eval = sum(preprocessing.split_of(source, 0.2) == "eval" for source in sources)
     assert first["splits"]["eval"]["num_sources"] == expected_eval
     assert first["splits"]["train"]["num_sources"] == len(sources) - expected_eval
 
@@ -205,7 +207,7 @@ def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path
     for relative in task.list_raw(str(raw_dir)).units:
         for example in task.read_raw(relative, (raw_dir / relative).read_bytes()):
             if isinstance(example, RawExample):
-                by_split[preprocess.split_of(example.source, 0.2)].append(example.payload)
+                by_split[preprocessing.split_of(example.source, 0.2)].append(example.payload)
     seen = []
     for run in range(2):
         recording = RecordingFit(task, tmp_path / f"fit-{run}.pickle")

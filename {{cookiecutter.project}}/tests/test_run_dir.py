@@ -11,8 +11,8 @@ import time
 import pytest
 
 from conftest import PROJECT
-from {{ cookiecutter.package }}.errors import UserError
-from {{ cookiecutter.package }}.run_dir import RunRecord, read_metrics
+from {{ cookiecutter.package }}.core.errors import UserError
+from {{ cookiecutter.package }}.core.run_dir import RunRecord, read_metrics
 
 # Writes two records of ~2 MB in turn, forever: a kill lands inside a write most of the time.
 WRITER = """

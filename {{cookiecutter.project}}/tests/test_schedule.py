@@ -2,7 +2,7 @@
 
 import pytest
 
-from {{ cookiecutter.package }} import config, schedule
+from {{ cookiecutter.package }}.core import config, schedule
 
 
 def test_linear_scaling_rule():

@@ -13,10 +13,11 @@ import tensorflow as tf
 from conftest import PROJECT, tiny_config
 from test_doctor import check
 from test_train import train_command as interruptible_run
-from {{ cookiecutter.package }} import distribute, goodput, input_pipeline, train, trainer
-from {{ cookiecutter.package }} import steps_per_execution as spe_lib
+from {{ cookiecutter.package }}.core import distribute, goodput, input_pipeline, trainer
+from {{ cookiecutter.package }} import train
+from {{ cookiecutter.package }}.core import steps_per_execution as spe_lib
 from {{ cookiecutter.package }}.doctor import engine
-from {{ cookiecutter.package }}.model import build_model, compile_model
+from {{ cookiecutter.package }}.core.model import build_model, compile_model
 
 AUTO = ("train.steps_per_execution=auto", "train.log_every=8", "train.checkpoint_every=8")
 

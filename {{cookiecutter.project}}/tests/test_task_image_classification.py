@@ -12,9 +12,10 @@ from PIL import Image
 from conftest import run_preprocess
 from test_doctor import check
 from test_preprocess import assert_exact
-from {{ cookiecutter.package }} import config, input_pipeline, preprocess
+from {{ cookiecutter.package }}.core import config, input_pipeline
+from {{ cookiecutter.package }}.core import preprocessing
 from {{ cookiecutter.package }}.doctor import engine
-from {{ cookiecutter.package }}.errors import UserError
+from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.tasks.image_classification import features
 from {{ cookiecutter.package }}.tasks.image_classification.task import TASK
 
@@ -297,7 +298,7 @@ def test_csv_index_with_and_without_ml_use(tmp_path):
     assert manifest["label_names"] == ["cat", "dog"] and manifest["rejected"]["count"] == 0
     assert manifest["ignored_files"] == 0 and manifest["source"] == str(index)
     forced = {"training": "train", "validation": "eval", "test": "eval", "TRAINING": "train"}
-    expected = [forced.get(row[0]) or preprocess.split_of(row[-2], 0.5) for row in rows]
+    expected = [forced.get(row[0]) or preprocessing.split_of(row[-2], 0.5) for row in rows]
     assert expected[:4] == ["train", "eval", "eval", "train"]
     assert {split for row, split in zip(rows[4:], expected[4:]) if row[-2].startswith("..")} == {"train", "eval"}
     for split in ("train", "eval"):
@@ -408,8 +409,8 @@ def test_mxu_widths_pass_and_8_suffices_at_a_batch_of_1024(data_dir, tmp_path):
 
 
 def test_hidden_dense_layers_under_512_are_flagged(data_dir, tmp_path, monkeypatch):
-    from {{ cookiecutter.package }} import model
-    from {{ cookiecutter.package }}.keras import keras
+    from {{ cookiecutter.package }}.core import model
+    from {{ cookiecutter.package }}.core.keras import keras
 
     def mlp(cfg, manifest):
         size, num_classes = manifest["image_size"], manifest["num_classes"]
@@ -431,7 +432,7 @@ def test_the_local_defaults_have_no_hidden_dense_layer(data_dir, tmp_path):
 
 
 def test_a_model_that_does_not_build_fails(data_dir, tmp_path, monkeypatch):
-    from {{ cookiecutter.package }} import model
+    from {{ cookiecutter.package }}.core import model
 
     def broken(*args):
         raise ValueError("no such layer")
@@ -475,7 +476,7 @@ def test_the_built_model_uses_the_auto_stride(capsys):
 
 def test_a_large_first_stage_warns_and_names_the_stride(data_dir, tmp_path):
     from {{ cookiecutter.package }}.tasks.image_classification import stem
-    from {{ cookiecutter.package }}.topology import Target
+    from {{ cookiecutter.package }}.core.topology import Target
 
     target = Target("cpu", 8, 1)
     full = config.load(

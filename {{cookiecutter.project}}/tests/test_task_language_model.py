@@ -14,9 +14,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import finished_run_of, selected, task_sample
-from {{ cookiecutter.package }} import config, input_pipeline, predict, preprocess, tasks
-from {{ cookiecutter.package }}.keras import keras
-from {{ cookiecutter.package }}.task import RawExample
+from {{ cookiecutter.package }}.core import config, input_pipeline
+from {{ cookiecutter.package }} import predict, tasks
+from {{ cookiecutter.package }}.core import preprocessing
+from {{ cookiecutter.package }}.core.keras import keras
+from {{ cookiecutter.package }}.core.task import RawExample
 from {{ cookiecutter.package }}.tasks.language_model import TASK, generate, packing
 from {{ cookiecutter.package }}.tasks.language_model.config import LanguageModelConfig
 from {{ cookiecutter.package }}.tasks.language_model.model import build_model
@@ -50,7 +52,7 @@ def documents_by_split(raw, manifest, data):
     for unit in listing.units:
         for item in TASK.read_raw(unit, (raw / unit).read_bytes()):
             if isinstance(item, RawExample):
-                split = preprocess.split_of(item.source, manifest["eval_fraction"])
+                split = preprocessing.split_of(item.source, manifest["eval_fraction"])
                 documents[split][(*tokenizer.tokenize(model_bytes, item.payload), tokenizer.EOS_ID)] += 1
     return documents
 
@@ -208,8 +210,8 @@ def test_the_export_scores_as_the_trained_model(lm_run, sample, tmp_path):
     _, data = sample
     manifest = json.loads((data / "manifest.json").read_text())
     serve, _, _ = predict.load_export(str(output))
-    from {{ cookiecutter.package }} import model as model_lib
-    from {{ cookiecutter.package }} import precision
+    from {{ cookiecutter.package }}.core import model as model_lib
+    from {{ cookiecutter.package }}.core import precision
 
     precision.set_policy("bfloat16")
     model = model_lib.build_model(cfg, manifest)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import selected
 
-from {{ cookiecutter.package }} import config
-from {{ cookiecutter.package }}.errors import UserError
-from {{ cookiecutter.package }}.task import RawExample, RawRejection, Rejected
+from {{ cookiecutter.package }}.core import config
+from {{ cookiecutter.package }}.core.errors import UserError
+from {{ cookiecutter.package }}.core.task import RawExample, RawRejection, Rejected
 from {{ cookiecutter.package }}.tasks.text_classification import TASK, doctor_rules, sample_data, tokenizer
 from {{ cookiecutter.package }}.tasks.text.config import TextDataConfig, TextModelConfig
 
@@ -61,7 +61,7 @@ def manifest_for(data_config: TextDataConfig, artifacts: dict, num_classes: int 
 
 @pytest.fixture
 def bfloat16_policy():
-    from {{ cookiecutter.package }}.keras import keras
+    from {{ cookiecutter.package }}.core.keras import keras
 
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -311,7 +311,7 @@ def test_sample_data_is_learnable(tmp_path):
     design, so a bag-of-words Bayes classifier tops out near 0.9 on this much data."""
     import tensorflow as tf
 
-    from {{ cookiecutter.package }}.keras import keras
+    from {{ cookiecutter.package }}.core.keras import keras
 
     sample_data.write_dataset(tmp_path, texts_per_class=300, jsonl_lines=0, seed=1)
     examples, _ = read_all(tmp_path)
@@ -400,12 +400,13 @@ def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
     text: every eval text of the sample, written one per line, yields exactly the eval split's rows."""
     from collections import Counter
 
-    from {{ cookiecutter.package }} import config, input_pipeline, preprocess
+    from {{ cookiecutter.package }}.core import config, input_pipeline
+    from {{ cookiecutter.package }}.core import preprocessing
 
     manifest = json.loads((data_dir / "manifest.json").read_text())
     eval_fraction = config.load(None, list(TASK.testing().overrides)).data.eval_fraction
     examples, _ = read_all(raw_dir)
-    texts = [example.payload for example in examples if preprocess.split_of(example.source, eval_fraction) == "eval"]
+    texts = [example.payload for example in examples if preprocessing.split_of(example.source, eval_fraction) == "eval"]
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "eval")
     evaluated = Counter()
     for ids, _, weights in input_pipeline.make_dataset(files, counts, manifest, 8, training=False):

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from conftest import tiny_config
-from {{ cookiecutter.package }} import config, distribute, topology
+from {{ cookiecutter.package }}.core import config, distribute, topology
 
 pytestmark = [
     pytest.mark.tpu,
@@ -35,7 +35,7 @@ def test_tpu_strategy_sees_the_chips_of_the_tpu_type(tpu_target):
 
 
 def test_a_short_training_run_on_the_tpu(tpu_target, data_dir, tmp_path):
-    from {{ cookiecutter.package }} import trainer
+    from {{ cookiecutter.package }}.core import trainer
 
     replicas = tpu_target.replicas
     cfg = tiny_config(

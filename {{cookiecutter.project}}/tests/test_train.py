@@ -19,18 +19,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, finished_run_of, tiny_config
-from {{ cookiecutter.package }} import (
-    capture_profile,
-    config,
-    distribute,
-    schedule,
-    profiler,
-    steps_per_execution,
-    tasks,
-    train,
-    trainer,
-)
-from {{ cookiecutter.package }}.errors import UserError
+from {{ cookiecutter.package }} import capture_profile, tasks, train
+from {{ cookiecutter.package }}.core import config, distribute, schedule, profiler, steps_per_execution, trainer
+from {{ cookiecutter.package }}.core.errors import UserError
 
 
 _PORTS = itertools.count()
@@ -107,8 +98,9 @@ def test_profile_window_leaves_a_trace(finished_run):
 
 
 def test_mixed_bfloat16_keeps_float32_variables_logits_and_loss(data_dir, tmp_path):
-    from {{ cookiecutter.package }} import precision, tasks
-    from {{ cookiecutter.package }}.model import build_model, compile_model
+    from {{ cookiecutter.package }}.core import precision
+    from {{ cookiecutter.package }} import tasks
+    from {{ cookiecutter.package }}.core.model import build_model, compile_model
 
     cfg = tiny_config(data_dir, tmp_path)
     manifest = json.loads((data_dir / "manifest.json").read_text())
@@ -143,8 +135,8 @@ def test_auto_precision_says_what_it_chose_and_why(data_dir, tmp_path, capsys, m
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
     """Batch norm's moving statistics are per replica while training; evaluation first gives every
     replica their mean, so that evaluating in the training process equals evaluating after a restore."""
-    from {{ cookiecutter.package }}.evaluation import sync_replica_statistics
-    from {{ cookiecutter.package }}.keras import keras
+    from {{ cookiecutter.package }}.core.evaluation import sync_replica_statistics
+    from {{ cookiecutter.package }}.core.keras import keras
 
     strategy = distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime).strategy
     with strategy.scope():
@@ -183,7 +175,7 @@ def test_auto_steps_per_execution_is_measured(data_dir, tmp_path):
         data_dir, tmp_path, "train.steps_per_execution=auto", "train.log_every=16", "train.checkpoint_every=16"
     )
     resolved = distribute.resolve(cfg.runtime)
-    from {{ cookiecutter.package }} import input_pipeline
+    from {{ cookiecutter.package }}.core import input_pipeline
 
     manifest = input_pipeline.read_manifest(str(data_dir))
     chosen, measurements = trainer.choose_steps_per_execution(cfg, resolved, manifest)
@@ -272,7 +264,7 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
 def first_targets(cfg, seed: int, batches: int = 4) -> list:
     """The targets of the first `batches` global batches `train` feeds with `seed`, replica by
     replica, each batch's sorted (parallel parsing may hand batches on in another order)."""
-    from {{ cookiecutter.package }} import input_pipeline
+    from {{ cookiecutter.package }}.core import input_pipeline
 
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
@@ -349,8 +341,8 @@ def copy_with_a_truncated_latest_checkpoint(output: Path, run: Path) -> None:
 
 def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run, tmp_path, capsys):
     """What `train` does first on a restart, without the training (see the slow test below)."""
-    from {{ cookiecutter.package }} import input_pipeline
-    from {{ cookiecutter.package }}.model import build_model, compile_model
+    from {{ cookiecutter.package }}.core import input_pipeline
+    from {{ cookiecutter.package }}.core.model import build_model, compile_model
 
     cfg, output, _ = finished_run
     copy_with_a_truncated_latest_checkpoint(output, tmp_path / "run")
@@ -366,7 +358,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
     assert "ckpt-48 cannot be read" in capsys.readouterr().out
     # The learning rate continues where the run stopped: the schedule the optimizer holds, at its
     # restored step, gives the formula's value for step 40 of this run (not the warm-up's start).
-    from {{ cookiecutter.package }}.keras import keras
+    from {{ cookiecutter.package }}.core.keras import keras
 
     held = keras.optimizers.schedules.deserialize(model.optimizer.get_config()["learning_rate"])
     peak = cfg.train.base_learning_rate * cfg.effective_batch_size / cfg.train.base_batch_size
@@ -443,7 +435,7 @@ class FakeMetadataServer:
 
 
 def test_metadata_watcher_reads_the_notice_and_switches_off_without_a_server():
-    from {{ cookiecutter.package }} import preemption
+    from {{ cookiecutter.package }}.core import preemption
 
     server = FakeMetadataServer()
     try:
@@ -497,9 +489,9 @@ def test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end(data_
 def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
     """k=4 micro-batches of 64 make the same first update as one batch of 256 (float32, no batch norm),
     on the 8 CPU replicas."""
-    from {{ cookiecutter.package }}.keras import keras
-    from {{ cookiecutter.package }} import precision
-    from {{ cookiecutter.package }}.model import AccumulatingModel
+    from {{ cookiecutter.package }}.core.keras import keras
+    from {{ cookiecutter.package }}.core import precision
+    from {{ cookiecutter.package }}.core.model import AccumulatingModel
 
     precision.set_policy("float32")
     strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime).strategy

@@ -1,0 +1,17 @@
+"""{{ cookiecutter.project }}: the commands are the modules here, each a thin `main` over core/.
+
+    preprocess        raw data -> TFRecords + manifest (Beam)      make preprocess
+    train             train (or resume), evaluate, export          make train
+    evaluate          evaluate a run's latest checkpoint           make eval
+    predict           serve a run's export on inputs               make predict
+    doctor/           check config, data and machine               make doctor
+    config            print the resolved config or one key         (the Makefile reads keys with it)
+    sample_data       write the task's sample raw data             make data
+    new_task          add a skeleton task under tasks/             make new-task
+    capture_profile   trace a running job on demand                make profile
+    bench_input, bench_spe, bench_startup, bench_preprocess        make bench, bench-spe, ...
+
+`core/` is the library they share (the TPU machinery: config, strategy, input, model, the trainer
+and its callbacks, evaluation, the run directory); `tasks/` holds the tasks, reached only through
+`tasks.current()`. A command imports core/ and tasks/, never another command.
+"""

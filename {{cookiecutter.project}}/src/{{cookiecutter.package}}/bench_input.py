@@ -26,11 +26,12 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from . import config as config_lib
-from . import distribute, input_pipeline, precision, tasks, topology
-from . import steps_per_execution as spe_lib
-from .errors import run_cli
-from .model import build_model, compile_model
+from .core import config as config_lib
+from .core import distribute, input_pipeline, precision, topology
+from . import tasks
+from .core import steps_per_execution as spe_lib
+from .core.errors import run_cli
+from .core.model import build_model, compile_model
 
 INPUT_BOUND_MARGIN = 0.9
 
@@ -63,26 +64,9 @@ def training_steps_per_second(model, dataset, steps_per_execution: int, min_seco
     return spe_lib.measure(model, iter(dataset), steps_per_execution, min_seconds).steps_per_second
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg, args = config_lib.command_line(
-        __doc__.split("\n\n")[0],
-        argv,
-        lambda parser: parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
-    )
-    resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
-    resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
-    print(f"precision {chosen.describe()}", flush=True)
-    files, counts = input_pipeline.split_files(cfg.data.dir, manifest, "train")
+def compare_inputs(cfg, resolved, manifest: dict, files: list[str], counts, seconds: float) -> tuple[float, float]:
+    """Examples/s of the project's input and of a naive one on the same shards: (optimized, naive)."""
     batch, compression = cfg.train.global_batch_size, manifest.get("compression", "none")
-    train = manifest["splits"]["train"]
-    bytes_per_example = train["bytes"] / max(train["num_examples"], 1)
-    print(
-        f"input: {len(files)} train shards, global batch {batch} over {resolved.replicas} replicas, "
-        f"{tasks.current().describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
-        flush=True,
-    )
     # Parallel reads need files to read in parallel: interleave opens at most one reader per file.
     parallel_reads = min(os.cpu_count() or 1, topology.SHARDS_PER_HOST)
     if len(files) < parallel_reads:
@@ -109,12 +93,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             shuffle_buffer=cfg.data.shuffle_buffer,
         ),
         batch,
-        args.seconds,
+        seconds,
     )
     print(f"input, optimized : {optimized:10.1f} examples/s", flush=True)
-    naive = examples_per_second(naive_dataset(files, manifest, batch, compression), batch, args.seconds)
+    naive = examples_per_second(naive_dataset(files, manifest, batch, compression), batch, seconds)
     print(f"input, naive     : {naive:10.1f} examples/s   speedup {optimized / naive:.2f}x", flush=True)
+    return optimized, naive
 
+
+def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: float, seconds: float) -> dict:
+    """Training steps/s of the model on synthetic data in both precisions and on the real input
+    (`optimized`: the input's examples/s, printed beside the synthetic rate)."""
+    batch = cfg.train.global_batch_size
     spe = cfg.train.steps_per_execution if isinstance(cfg.train.steps_per_execution, int) else 4
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg, manifest), cfg.train, spe)
@@ -124,23 +114,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tf.data.Dataset.from_tensors(tasks.current().synthetic_batch(per_replica, manifest)).repeat()
 
     synthetic_rate = training_steps_per_second(
-        model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, args.seconds
+        model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
     )
     print(
-        f"training, synthetic data: {synthetic_rate:8.2f} steps/s (spe {spe}, {chosen.precision}) = "
+        f"training, synthetic data: {synthetic_rate:8.2f} steps/s (spe {spe}, {chosen}) = "
         f"{synthetic_rate * batch:.1f} examples/s; the input supplies {optimized / (synthetic_rate * batch):.2f}x that",
         flush=True,
     )
     # The same model and data in the other precision: what bfloat16 costs or gains on this machine.
-    other = "float32" if chosen.precision == "bfloat16" else "bfloat16"
+    other = "float32" if chosen == "bfloat16" else "bfloat16"
     precision.set_policy(other)
     with resolved.strategy.scope():
         other_model = compile_model(build_model(cfg, manifest), cfg.train, spe)
     other_rate = training_steps_per_second(
-        other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, args.seconds
+        other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
     )
-    precision.set_policy(chosen.precision)
-    rates = {chosen.precision: synthetic_rate, other: other_rate}
+    precision.set_policy(chosen)
+    rates = {chosen: synthetic_rate, other: other_rate}
     bf16_over_f32 = rates["float32"] / rates["bfloat16"]  # step time of bfloat16 over float32's
     print(
         f"training, synthetic data: {other_rate:8.2f} steps/s in {other}; bfloat16 step time = "
@@ -150,7 +140,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     real_dataset, _ = input_pipeline.distributed_dataset(
         resolved.strategy, cfg.data.dir, manifest, "train", batch, training=True, shuffle_buffer=cfg.data.shuffle_buffer
     )
-    real_rate = training_steps_per_second(model, real_dataset, spe, args.seconds)
+    real_rate = training_steps_per_second(model, real_dataset, spe, seconds)
+    return {"synthetic": synthetic_rate, "real": real_rate, "bfloat16_over_float32": bf16_over_f32}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, args = config_lib.command_line(
+        __doc__.split("\n\n")[0],
+        argv,
+        lambda parser: parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
+    )
+    resolved = distribute.resolve(cfg.runtime)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    resolved.per_replica_batch_size(cfg.train.global_batch_size)
+    chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
+    print(f"precision {chosen.describe()}", flush=True)
+    files, counts = input_pipeline.split_files(cfg.data.dir, manifest, "train")
+    batch = cfg.train.global_batch_size
+    train = manifest["splits"]["train"]
+    bytes_per_example = train["bytes"] / max(train["num_examples"], 1)
+    print(
+        f"input: {len(files)} train shards, global batch {batch} over {resolved.replicas} replicas, "
+        f"{tasks.current().describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
+        flush=True,
+    )
+    optimized, naive = compare_inputs(cfg, resolved, manifest, files, counts, args.seconds)
+    training = compare_training(cfg, resolved, manifest, chosen.precision, optimized, args.seconds)
+    synthetic_rate, real_rate = training["synthetic"], training["real"]
     input_bound = real_rate < INPUT_BOUND_MARGIN * synthetic_rate
     print(
         f"training, real data     : {real_rate:8.2f} steps/s -> "
@@ -161,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         flush=True,
     )
+    bf16_over_f32 = training["bfloat16_over_float32"]
     print(
         json.dumps(
             {

@@ -3,10 +3,10 @@
     python -m {{ cookiecutter.package }}.bench_preprocess --input data/raw --config configs/local.yaml [key=value ...]
 
 Both do the same work with the same functions (the task's `read_raw`, `fit` and `encode`,
-`preprocess.write_tfrecords`) and write the same shards, each to its own temporary folder; a
+`preprocessing.write_tfrecords`) and write the same shards, each to its own temporary folder; a
 raw input the task rejects is skipped by both, as preprocessing does:
 
-- beam: `preprocess.main` on the in-process FnApiRunner with one worker (what `make preprocess`
+- beam: `preprocessing.run` on the in-process FnApiRunner with one worker (what `make preprocess`
   runs locally), listing and the final rename and manifest included;
 - plain: one Python loop that lists, reads, decodes, encodes, groups by shard and writes;
 - beam_multi (unless --no_multi): the same pipeline with --direct_num_workers=N in
@@ -32,10 +32,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from . import config as config_lib
-from . import preprocess, tasks
-from .errors import UserError, run_cli
-from .task import RawRejection, Rejected
+from . import tasks
+from .core import config as config_lib
+from .core import preprocessing, topology
+from .core.errors import UserError, run_cli
+from .core.task import RawRejection, Rejected
 
 
 def replicate(input_root: str, min_files: int, destination: Path) -> tuple[str, int]:
@@ -50,7 +51,7 @@ def replicate(input_root: str, min_files: int, destination: Path) -> tuple[str, 
         flush=True,
     )
     for relative in paths:
-        data = preprocess.read_file(preprocess.join(input_root, relative))
+        data = preprocessing.read_file(preprocessing.join(input_root, relative))
         folder, _, name = relative.rpartition("/")
         stem, dot, extension = name.rpartition(".")
         (destination / folder).mkdir(parents=True, exist_ok=True)
@@ -65,10 +66,10 @@ def read_all(input_root: str, eval_fraction: float) -> list:
     examples = []
     listing = task.list_raw(input_root)
     for relative in listing.units:
-        data = preprocess.read_file(preprocess.locate(listing.root or input_root, relative))
+        data = preprocessing.read_file(preprocessing.locate(listing.root or input_root, relative))
         for item in task.read_raw(relative, data):
             if not isinstance(item, RawRejection):
-                examples.append((item.split or preprocess.split_of(item.source, eval_fraction), item))
+                examples.append((item.split or preprocessing.split_of(item.source, eval_fraction), item))
     return examples
 
 
@@ -77,30 +78,30 @@ def plain_loop(input_root: str, output: str, data, num_shards: int, compression:
     of records written."""
     task = tasks.current()
     examples = read_all(input_root, data.eval_fraction)
-    categories = preprocess.categories_of(task, (example for _, example in examples))
+    categories = preprocessing.categories_of(task, (example for _, example in examples))
     artifacts = {}
     if task.needs_fit:
         keyed = sorted(
-            (preprocess._hash_unit(example.source, b"fit:"), example.payload)
+            (preprocessing._hash_unit(example.source, b"fit:"), example.payload)
             for split, example in examples
             if split == "train"
         )
-        artifacts = preprocess.fit_artifacts(keyed[: task.fit_sample_size(data)], task, data, output)
+        artifacts = preprocessing.fit_artifacts(keyed[: task.fit_sample_size(data)], task, data, output)
     by_shard = defaultdict(list)
     for split, example in examples:
         try:
             record, _ = task.encode(example, categories, data, artifacts)
         except Rejected:  # rejected, as in the pipeline
             continue
-        by_shard[(split, preprocess.shard_of(example.source, num_shards))].append(
-            (preprocess.order_key(example.source), record)
+        by_shard[(split, preprocessing.shard_of(example.source, num_shards))].append(
+            (preprocessing.order_key(example.source), record)
         )
     os.makedirs(output, exist_ok=True)
     written = 0
     for (split, shard), records in sorted(by_shard.items()):
-        name = f"{split}-{shard:05d}-of-{num_shards:05d}{preprocess.shard_suffix(compression)}"
+        name = f"{split}-{shard:05d}-of-{num_shards:05d}{preprocessing.shard_suffix(compression)}"
         packed, _ = task.pack(split, [record for _, record in sorted(records)], data)
-        written += preprocess.write_tfrecords(preprocess.join(output, name), packed, compression)[0]
+        written += preprocessing.write_tfrecords(preprocessing.join(output, name), packed, compression)[0]
     return written
 
 
@@ -125,27 +126,19 @@ def timed(label: str, function, *args) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def run_beam(
-    input_root: str, output: str, data, num_shards: int, compression: str, overrides: Sequence[str], *beam_args: str
-) -> int:
-    status = preprocess.main(
-        [
-            "--input",
-            input_root,
-            "--output",
-            output,
-            "--num_shards",
-            str(num_shards),
-            "--compression",
-            compression,
-            "--runner=FnApiRunner",
-            *overrides,
-            *beam_args,
-        ]
+def run_beam(input_root: str, output: str, data, num_shards: int, compression: str, *beam_args: str) -> int:
+    status = preprocessing.run(
+        input_root,
+        output,
+        data,
+        ["--runner=FnApiRunner", *beam_args],
+        topology.topology().hosts,
+        num_shards,
+        compression,
     )
     if status:
         raise RuntimeError(f"the pipeline exited with status {status}")
-    with open(os.path.join(output, preprocess.MANIFEST)) as handle:
+    with open(os.path.join(output, preprocessing.MANIFEST)) as handle:
         manifest = json.load(handle)
     return sum(split["num_examples"] for split in manifest["splits"].values())
 
@@ -157,6 +150,82 @@ def same_shards(first: str, second: str) -> bool:
         return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*.tfrecord*"))}
 
     return shards(first) == shards(second)
+
+
+def compare_one_worker(input_root: str, scratch: Path, common: tuple, repeats: int) -> tuple[dict, float]:
+    """Beam on one worker against the plain loop, alternated `repeats` times: (the figures, the plain
+    loop's best seconds). Both must write byte-identical shards."""
+    beam_times, plain_times = [], []
+    for repeat in range(1, max(1, repeats) + 1):
+        # Alternated, so that a burst of load on a shared machine does not favour one side.
+        seconds, beam_records = timed(
+            f"beam, FnApiRunner, 1 worker (run {repeat})",
+            run_beam,
+            input_root,
+            str(scratch / "beam"),
+            *common,
+            "--direct_num_workers=1",
+        )
+        beam_times.append(seconds)
+        seconds, plain_records = timed(
+            f"plain loop, 1 process (run {repeat})", plain_loop, input_root, str(scratch / "plain"), *common
+        )
+        plain_times.append(seconds)
+        print(f"   beam {beam_times[-1]:.2f}s, plain {plain_times[-1]:.2f}s", flush=True)
+    beam_s, plain_s = min(beam_times), min(plain_times)
+    if beam_records != plain_records or not same_shards(scratch / "beam", scratch / "plain"):
+        raise RuntimeError(
+            f"beam and the plain loop wrote different shards ({beam_records} vs {plain_records} records)"
+        )
+    figures = {
+        "beam_records_per_s": round(beam_records / beam_s, 1),
+        "plain_records_per_s": round(plain_records / plain_s, 1),
+        "ratio": round(plain_s / beam_s, 3),
+        "records": beam_records,
+        "beam_s": round(beam_s, 2),
+        "plain_s": round(plain_s, 2),
+    }
+    print(
+        f"best of {len(beam_times)}: beam {beam_s:.2f}s ({figures['beam_records_per_s']:.0f} records/s), "
+        f"plain {plain_s:.2f}s ({figures['plain_records_per_s']:.0f} records/s): "
+        f"beam runs at {figures['ratio']:.2f}x the plain loop, identical shards",
+        flush=True,
+    )
+    return figures, plain_s
+
+
+def compare_multi_worker(input_root: str, scratch: Path, common: tuple, workers: int, plain_s: float) -> dict:
+    """Beam with `workers` processes, against the plain loop's best time."""
+    multi_s, multi_records = timed(
+        f"beam, FnApiRunner, {workers} worker processes",
+        run_beam,
+        input_root,
+        str(scratch / "beam_multi"),
+        *common,
+        f"--direct_num_workers={workers}",
+        "--direct_running_mode=multi_processing",
+    )
+    identical = same_shards(scratch / "beam_multi", scratch / "plain")
+    if not identical:  # e.g. protobuf map fields serialized in a per-process order
+        print(
+            "WARNING: the worker processes wrote different bytes than this process: the "
+            "encoding is not deterministic across processes",
+            flush=True,
+        )
+    figures = {
+        "multi_identical_shards": identical,
+        "workers": workers,
+        "beam_multi_records_per_s": round(multi_records / multi_s, 1),
+        "beam_multi_s": round(multi_s, 2),
+        "multi_ratio": round(plain_s / multi_s, 3),
+    }
+    print(
+        f"beam with {workers} worker processes {multi_s:.2f}s "
+        f"({figures['beam_multi_records_per_s']:.0f} records/s): {figures['multi_ratio']:.2f}x "
+        f"the plain loop (on {os.cpu_count()} CPUs; each worker imports TensorFlow first)",
+        flush=True,
+    )
+    return figures
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,9 +255,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     data = config_lib.load(args.config, args.overrides).data
-    overrides = [
-        f"data.{key}={value}" for key, value in config_lib.dataclasses.asdict(data).items() if key not in ("dir",)
-    ]
     with tempfile.TemporaryDirectory(prefix="bench_preprocess-") as scratch:
         scratch = Path(scratch)
         (scratch / "raw").mkdir()
@@ -199,81 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         common = (data, args.num_shards, args.compression)
         print(f"{files} raw files, {args.num_shards} shards per split, compression {args.compression}", flush=True)
 
-        beam_times, plain_times = [], []
-        for repeat in range(1, max(1, args.repeats) + 1):
-            # Alternated, so that a burst of load on a shared machine does not favour one side.
-            seconds, beam_records = timed(
-                f"beam, FnApiRunner, 1 worker (run {repeat})",
-                run_beam,
-                input_root,
-                str(scratch / "beam"),
-                *common,
-                overrides,
-                "--direct_num_workers=1",
-            )
-            beam_times.append(seconds)
-            seconds, plain_records = timed(
-                f"plain loop, 1 process (run {repeat})", plain_loop, input_root, str(scratch / "plain"), *common
-            )
-            plain_times.append(seconds)
-            print(f"   beam {beam_times[-1]:.2f}s, plain {plain_times[-1]:.2f}s", flush=True)
-        beam_s, plain_s = min(beam_times), min(plain_times)
-        if beam_records != plain_records or not same_shards(scratch / "beam", scratch / "plain"):
-            raise RuntimeError(
-                f"beam and the plain loop wrote different shards ({beam_records} vs {plain_records} records)"
-            )
-        figures = {
-            "beam_records_per_s": round(beam_records / beam_s, 1),
-            "plain_records_per_s": round(plain_records / plain_s, 1),
-            "ratio": round(plain_s / beam_s, 3),
-            "records": beam_records,
-            "beam_s": round(beam_s, 2),
-            "plain_s": round(plain_s, 2),
-        }
-        print(
-            f"best of {len(beam_times)}: beam {beam_s:.2f}s ({figures['beam_records_per_s']:.0f} records/s), "
-            f"plain {plain_s:.2f}s ({figures['plain_records_per_s']:.0f} records/s): "
-            f"beam runs at {figures['ratio']:.2f}x the plain loop, identical shards",
-            flush=True,
-        )
-
+        figures, plain_s = compare_one_worker(input_root, scratch, common, args.repeats)
         if not args.no_multi and args.workers > 1:
-            multi_s, multi_records = timed(
-                f"beam, FnApiRunner, {args.workers} worker processes",
-                run_beam,
-                input_root,
-                str(scratch / "beam_multi"),
-                *common,
-                overrides,
-                f"--direct_num_workers={args.workers}",
-                "--direct_running_mode=multi_processing",
-            )
-            identical = same_shards(scratch / "beam_multi", scratch / "plain")
-            if not identical:  # e.g. protobuf map fields serialized in a per-process order
-                print(
-                    "WARNING: the worker processes wrote different bytes than this process: the "
-                    "encoding is not deterministic across processes",
-                    flush=True,
-                )
-            figures.update(
-                {
-                    "multi_identical_shards": identical,
-                    "workers": args.workers,
-                    "beam_multi_records_per_s": round(multi_records / multi_s, 1),
-                    "beam_multi_s": round(multi_s, 2),
-                    "multi_ratio": round(plain_s / multi_s, 3),
-                }
-            )
-            print(
-                f"beam with {args.workers} worker processes {multi_s:.2f}s "
-                f"({figures['beam_multi_records_per_s']:.0f} records/s): {figures['multi_ratio']:.2f}x "
-                f"the plain loop (on {os.cpu_count()} CPUs; each worker imports TensorFlow first)",
-                flush=True,
-            )
+            figures.update(compare_multi_worker(input_root, scratch, common, args.workers, plain_s))
     print(json.dumps(figures))
     return 0
 
 
 if __name__ == "__main__":
-    preprocess.quiet_beam_logging()
+    preprocessing.quiet_beam_logging()
     run_cli(main, sys.argv[1:])

@@ -12,10 +12,10 @@ import json
 import sys
 from typing import Sequence
 
-from . import config as config_lib
-from . import distribute, input_pipeline, precision
-from .errors import run_cli
-from .trainer import choose_steps_per_execution
+from .core import config as config_lib
+from .core import distribute, input_pipeline, precision
+from .core.errors import run_cli
+from .core.trainer import choose_steps_per_execution
 
 
 def main(argv: Sequence[str] | None = None) -> int:

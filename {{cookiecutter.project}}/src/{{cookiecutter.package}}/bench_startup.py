@@ -21,12 +21,12 @@ import sys
 import tempfile
 from typing import Sequence
 
-from . import config as config_lib
-from . import input_pipeline
-from . import steps_per_execution as spe_lib
-from .goodput import BEFORE_FIRST_STEP, time_to_first_step
-from .errors import UserError, run_cli
-from .run_dir import read_metrics
+from .core import config as config_lib
+from .core import input_pipeline
+from .core import steps_per_execution as spe_lib
+from .core.goodput import BEFORE_FIRST_STEP, time_to_first_step
+from .core.errors import UserError, run_cli
+from .core.run_dir import read_metrics
 
 
 def start(config_file: str, overrides: list[str], output_dir: str, total_steps: int, cache: str) -> dict:

@@ -13,8 +13,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from .errors import UserError, run_cli
-from .profiler import connection_error
+from .core.errors import UserError, run_cli
+from .core.profiler import connection_error
 
 
 def how_to_start(port: int) -> str:

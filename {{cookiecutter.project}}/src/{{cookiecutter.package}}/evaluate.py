@@ -14,12 +14,12 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from . import config as config_lib
-from . import distribute, input_pipeline, precision
-from .errors import UserError, run_cli
-from .evaluation import describe, evaluate_model
-from .model import build_model, compile_model
-from .run_dir import RunRecord, latest_checkpoint, run_path
+from .core import config as config_lib
+from .core import distribute, input_pipeline, precision
+from .core.errors import UserError, run_cli
+from .core.evaluation import describe, evaluate_model
+from .core.model import build_model, compile_model
+from .core.run_dir import RunRecord, latest_checkpoint, run_path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

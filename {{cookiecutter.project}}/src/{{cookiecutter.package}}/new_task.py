@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import tasks
-from .errors import UserError, run_cli
+from .core.errors import UserError, run_cli
 
 PLACEHOLDER = "__task__"
 PACKAGE_DIR = Path(__file__).resolve().parent

@@ -15,8 +15,9 @@ import json
 import sys
 from typing import Sequence
 
-from . import gcp, tasks
-from .errors import UserError, run_cli
+from .core import gcp
+from . import tasks
+from .core.errors import UserError, run_cli
 
 
 def load_export(run_dir: str):

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import config as config_lib
+from .core import config as config_lib
 from . import tasks
-from .errors import run_cli
+from .core.errors import run_cli
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,9 +15,9 @@ import signal
 import sys
 from typing import Sequence
 
-from . import config as config_lib
-from .errors import run_cli
-from .trainer import Preempted, train
+from .core import config as config_lib
+from .core.errors import run_cli
+from .core.trainer import Preempted, train
 
 # What a process killed by SIGTERM reports: a scheduler that sends SIGTERM (a TPU VM's shutdown,
 # Kubernetes, Slurm) reads this exit status as "stopped as asked", not as a failure.

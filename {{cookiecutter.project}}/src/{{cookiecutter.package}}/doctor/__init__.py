@@ -58,9 +58,9 @@ import os
 import sys
 from typing import Sequence
 
-from .. import config as config_lib
-from .. import gcp
-from .. import topology as topology_lib
+from ..core import config as config_lib
+from ..core import gcp
+from ..core import topology as topology_lib
 
 # One module of rules per topic; each registers its rules on import.
 from . import batch, data, model, tpu_vm, training  # noqa: F401
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_lib.load(args.config, args.overrides)
     gcp.require_credentials({"data.dir": cfg.data.dir, "runtime.output_dir": cfg.runtime.output_dir})
     _keep_tensorflow_off_the_accelerators()
-    from .. import distribute
+    from ..core import distribute
 
     on_tpu_vm = distribute.on_tpu_vm()
     target = resolve_target(cfg, target=args.target, tpu_type=args.tpu_type, on_tpu_vm=on_tpu_vm, gpus=gpu_count())

@@ -1,6 +1,6 @@
 import sys
 
-from ..errors import run_cli
+from ..core.errors import run_cli
 from . import main
 
 run_cli(main, sys.argv[1:])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 
-from ..topology import IDEAL_SHARD_BYTES, MIN_SHARD_BYTES, SHARDS_PER_HOST
+from ..core.topology import IDEAL_SHARD_BYTES, MIN_SHARD_BYTES, SHARDS_PER_HOST
 from .engine import (
     Context,
     Verdict,
@@ -32,7 +32,7 @@ def input_static_shapes(ctx: Context) -> Verdict:
         return skip("the global batch does not divide (see batch.divisible)")
     import tensorflow as tf
 
-    from .. import input_pipeline
+    from ..core import input_pipeline
 
     cfg, target = ctx.cfg, ctx.target
     pipelines = target.hosts
@@ -92,7 +92,7 @@ def input_host_capacity(ctx: Context) -> Verdict:
         return skip("the global batch does not divide (see batch.divisible)")
     import time
 
-    from .. import input_pipeline
+    from ..core import input_pipeline
 
     cfg, target = ctx.cfg, ctx.target
     files, examples_per_file = input_pipeline.split_files(cfg.data.dir, manifest, "train")

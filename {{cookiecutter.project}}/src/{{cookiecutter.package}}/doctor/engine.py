@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import config as config_lib
+from ..core import config as config_lib
 from .. import tasks
-from .. import topology as topology_lib
-from ..topology import Target
-from ..errors import UserError
+from ..core import topology as topology_lib
+from ..core.topology import Target
+from ..core.errors import UserError
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 NOT_A_TPU_VM = "not a TPU VM"
@@ -140,7 +140,7 @@ class LayerInfo:
 
 def model_layers(model) -> list[LayerInfo]:
     """The conv, dense and batch-norm layers of a Keras model, nested models included."""
-    from ..keras import keras
+    from ..core.keras import keras
 
     outputs = set(tasks.current().output_layers(model))
     found = []
@@ -229,7 +229,7 @@ class Context:
         """(the checked manifest or None, what is wrong, the fix)."""
         import tensorflow as tf
 
-        from .. import input_pipeline
+        from ..core import input_pipeline
 
         data_dir = self.cfg.data.dir
         try:
@@ -263,7 +263,7 @@ class Context:
         """(the model's layers, a one-line description, the error when it does not build)."""
         import tensorflow as tf
 
-        from ..model import build_model
+        from ..core.model import build_model
 
         manifest = self.manifest or tasks.current().nominal_manifest(self.cfg.data)
         try:

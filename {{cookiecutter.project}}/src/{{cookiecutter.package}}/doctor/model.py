@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import precision
+from ..core import precision
 from .engine import (
     BATCH_FOR_SMALL_TILE,
     MIN_BN_BATCH,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import config as config_lib
-from .. import goodput
+from ..core import config as config_lib
+from ..core import goodput
 from .engine import (
     PREEMPTION_GRACE_SECONDS,
     MIN_SPE_FOR_SHORT_STEPS,

@@ -1,7 +1,7 @@
 """The tasks of this project, and the one this process trains: the shared core reaches it only
 through `current()`.
 
-A task is a package here whose `TASK` implements the contract in ../task.py; `make new-task
+A task is a package here whose `TASK` implements the contract in ../core/task.py; `make new-task
 NAME=...` adds one. A config names the task it trains (its `task:` key) and loading it selects
 that task; without a config, the task this project was generated with.
 """
@@ -28,7 +28,7 @@ def available() -> list[str]:
 
 def select(name: str, where: str = "") -> None:
     """Makes `name` the current task; a name that is not a task here is a one-line UserError."""
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     global _selected
     if name not in available():
@@ -50,10 +50,10 @@ def load(name: str):
     """The `Task` object of the task package `name`. A package that does not fulfil the contract (a
     required member left out, no `TASK`) is a one-line UserError naming what it lacks and where, at
     load: not minutes later, when the core first calls what is missing."""
-    from ..errors import UserError
-    from ..task import IncompleteTask, Task
+    from ..core.errors import UserError
+    from ..core.task import IncompleteTask, Task
 
-    contract = f"see Task in {_shown(Path(__file__).parent.parent / 'task.py')}"
+    contract = f"see Task in {_shown(Path(__file__).parent.parent / 'core' / 'task.py')}"
     try:
         module = importlib.import_module(f"{__name__}.{name}")
     except IncompleteTask as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from ..task import Task
+from ..core.task import Task
 
 
 class ClassificationTask(Task):
@@ -28,12 +28,12 @@ class ClassificationTask(Task):
         return f"{manifest['num_classes']} classes"
 
     def loss(self):
-        from ..keras import keras
+        from ..core.keras import keras
 
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def metrics(self) -> list:
-        from ..keras import keras
+        from ..core.keras import keras
 
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 

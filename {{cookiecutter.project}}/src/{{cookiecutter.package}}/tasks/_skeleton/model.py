@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...keras import keras
+from ...core.keras import keras
 
 layers = keras.layers
 

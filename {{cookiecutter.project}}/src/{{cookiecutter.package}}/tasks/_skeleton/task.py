@@ -25,9 +25,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ... import config as config_lib
-from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Task, Testing, files_under
+from ...core import config as config_lib
+from ...core.errors import UserError
+from ...core.task import Listing, RawExample, RawRejection, Rejected, Task, Testing, files_under
 
 TARGET_COLUMN = "target"
 STATISTICS_FILE = "statistics.json"
@@ -211,7 +211,7 @@ class NewTask(Task):
 
     # --------------------------------------------------------------- objective (TOY)
     def loss(self):
-        from ...keras import keras
+        from ...core.keras import keras
 
         return keras.losses.MeanSquaredError()
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from {{ cookiecutter.package }}.task import RawExample, RawRejection
+from {{ cookiecutter.package }}.core.task import RawExample, RawRejection
 from {{ cookiecutter.package }}.tasks.__task__ import TASK
 from {{ cookiecutter.package }}.tasks.__task__.task import DataConfig
 

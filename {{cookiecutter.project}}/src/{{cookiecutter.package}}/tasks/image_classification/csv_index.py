@@ -21,7 +21,7 @@ import io
 import posixpath
 from typing import Iterator
 
-from ...task import RawExample, RawRejection
+from ...core.task import RawExample, RawRejection
 
 SUFFIX = ".csv"
 ML_USE_SPLITS = {"training": "train", "validation": "eval", "test": "eval"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...keras import keras
+from ...core.keras import keras
 from .stem import stem_stride
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from typing import Iterator, Literal, Sequence, Union
 
 import numpy as np
 
-from ... import config as config_lib
-from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
+from ...core import config as config_lib
+from ...core.errors import UserError
+from ...core.task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
 from ..classification import ClassificationTask
 from . import csv_index, features, sample_data, stem
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from ...keras import keras
+from ...core.keras import keras
 from ..text.layers import check, embedding_rows, transformer_block
 from .config import LanguageModelConfig
 

@@ -12,7 +12,7 @@ import math
 
 import tensorflow as tf
 
-from ...keras import keras
+from ...core.keras import keras
 from ..text.tokenizer import PAD_ID
 
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Task, Testing, files_under
+from ...core.errors import UserError
+from ...core.task import Listing, RawExample, RawRejection, Task, Testing, files_under
 from ..text import doctor_rules as text_rules
 from ..text import raw, tokenizer
 from ..text.config import width_fix

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ... import config as config_lib
+from ...core import config as config_lib
 
 
 @dataclass

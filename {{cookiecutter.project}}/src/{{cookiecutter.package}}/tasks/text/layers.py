@@ -7,8 +7,8 @@ multiples of 128, because the MXU multiplies 128x128 tiles and pads anything els
 
 from __future__ import annotations
 
-from ...errors import UserError
-from ...keras import keras
+from ...core.errors import UserError
+from ...core.keras import keras
 from .config import TextModelConfig
 
 layers = keras.layers

@@ -11,8 +11,8 @@ import json
 import posixpath
 from collections.abc import Iterator, Sequence
 
-from ...errors import UserError
-from ...task import RawExample, RawRejection
+from ...core.errors import UserError
+from ...core.task import RawExample, RawRejection
 
 TEXT_SUFFIX = ".txt"
 JSONL_SUFFIX = ".jsonl"

@@ -16,8 +16,8 @@ import hashlib
 import io
 from collections.abc import Iterable, Sequence
 
-from ...errors import UserError
-from ...task import Rejected
+from ...core.errors import UserError
+from ...core.task import Rejected
 
 MODEL_FILE = "tokenizer.model"
 PAD_ID = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ...keras import keras
+from ...core.keras import keras
 
 
 class PositionEmbedding(keras.layers.Layer):

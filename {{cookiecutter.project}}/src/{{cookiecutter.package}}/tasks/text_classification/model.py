@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ...keras import keras
+from ...core.keras import keras
 from ..text.config import TextModelConfig
 from ..text.layers import check, embedding_rows, transformer_block
 from . import tokenizer

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import UserError
-from ...task import Listing, RawExample, RawRejection, Testing, files_under
+from ...core.errors import UserError
+from ...core.task import Listing, RawExample, RawRejection, Testing, files_under
 from ..classification import ClassificationTask
 from ..text import raw
 from . import doctor_rules, sample_data, tokenizer

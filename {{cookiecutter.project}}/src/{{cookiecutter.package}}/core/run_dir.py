@@ -17,7 +17,7 @@ import uuid
 
 import tensorflow as tf
 
-from . import tasks
+from .. import tasks
 from .errors import UserError
 
 METRICS = "metrics.json"

@@ -12,7 +12,8 @@ import time
 import tensorflow as tf
 
 from . import config as config_lib
-from . import input_pipeline, tasks
+from . import input_pipeline
+from .. import tasks
 from .model import LOSS_METRIC, metric_names
 from .run_dir import run_path
 

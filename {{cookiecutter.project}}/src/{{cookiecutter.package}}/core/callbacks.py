@@ -26,7 +26,8 @@ from typing import Callable
 
 import tensorflow as tf
 
-from . import goodput, preemption, schedule, tasks
+from . import goodput, preemption, schedule
+from .. import tasks
 from .errors import UserError
 from .keras import keras
 from .run_dir import checkpoint_step, run_path
@@ -151,15 +152,15 @@ class StepLog(BetweenExecutions):
 
 
 class GoodputProgress(BetweenExecutions):
-    """At every log boundary, `record(step)` puts this start's progress in the run record: a start
-    killed without notice (SIGKILL, a hard stop) still leaves how far it got."""
+    """At every log boundary (and the last step), `record(step)` puts this start's progress in the run
+    record: a start killed without notice (SIGKILL, a hard stop) still leaves how far it got."""
 
-    def __init__(self, initial_step: int, log_every: int, record: Callable[[int], object]):
+    def __init__(self, initial_step: int, log_every: int, total_steps: int, record: Callable[[int], object]):
         super().__init__(initial_step)
-        self.log_every, self.record = log_every, record
+        self.log_every, self.total_steps, self.record = log_every, total_steps, record
 
     def on_execution_end(self, step, previous, logs):
-        if crossed(self.log_every, previous, step):
+        if crossed(self.log_every, previous, step) or step == self.total_steps:
             self.record(step)
 
 

@@ -14,7 +14,8 @@ import time
 
 import tensorflow as tf
 
-from . import callbacks, distribute, goodput, input_pipeline, precision, profiler, schedule, tasks
+from . import callbacks, distribute, goodput, input_pipeline, precision, profiler, schedule
+from .. import tasks
 from . import config as config_lib
 from . import steps_per_execution as spe_lib
 from .errors import UserError
@@ -179,7 +180,7 @@ class Trainer:
             self.first_execution,
             callbacks.NanGuard(step, self.manager),
             callbacks.StepLog(step, cfg, self.writer, names),
-            callbacks.GoodputProgress(step, cfg.train.log_every, self.record_progress),
+            callbacks.GoodputProgress(step, cfg.train.log_every, cfg.train.total_steps, self.record_progress),
             self.profile_window,
             self.checkpoints,
             self.preemption,

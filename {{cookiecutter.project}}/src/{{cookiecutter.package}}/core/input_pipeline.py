@@ -24,7 +24,7 @@ import math
 
 import tensorflow as tf
 
-from . import tasks
+from .. import tasks
 from .errors import UserError
 
 log = logging.getLogger(__name__)

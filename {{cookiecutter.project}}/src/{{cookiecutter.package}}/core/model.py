@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from . import schedule, tasks
+from . import schedule
+from .. import tasks
 from .config import Config, TrainConfig
 from .keras import keras
 

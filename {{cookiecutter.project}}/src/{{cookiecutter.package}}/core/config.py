@@ -1,0 +1,427 @@
+"""Typed configuration: YAML files under configs/, overridden by `dotted.key=value` arguments.
+
+A config names the task it trains (`task: <name>`, a package under tasks/); loading it selects
+that task, whose data and model keys join the shared ones. Every key is a dataclass field below
+(or in the task's config classes), with its meaning. A key that is not declared, or a value of
+the wrong type, is an error that names the key: a typo must never silently fall back to a default
+on a TPU that costs money by the hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import logging
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence, Union
+
+import yaml
+
+from . import gcp
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(UserError):
+    """A config file or override is invalid."""
+
+
+@dataclass
+class DataConfig:
+    """The `data:` keys every task shares; a task's own data config adds its keys (tasks/)."""
+
+    raw: str = "data/raw"
+    """The raw input `make data` writes and `make preprocess` reads (RAW=... overrides it)."""
+    dir: str = "data/tfrecords"
+    """Directory (local path or gs://) holding the TFRecord shards and manifest.json."""
+    eval_fraction: float = 0.1
+    """Share of examples that the stable hash of their source sends to the eval split."""
+    shuffle_buffer: int = 2048
+    """Examples held in each input pipeline's shuffle buffer (training only)."""
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 128
+    """Examples per step across all replicas; must divide evenly by the number of replicas."""
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    """`sgd` (Nesterov momentum: convolutional nets) or `adamw` (Transformers)."""
+    gradient_accumulation_steps: int = 1
+    """Global batches whose mean gradient makes one optimizer update: the effective batch is
+    global_batch_size x this (when TPU memory caps the batch). The learning-rate scaling, warm-up
+    and total_steps count optimizer updates of the effective batch."""
+    base_learning_rate: float = 0.1
+    """Learning rate at `base_batch_size`; the rate used is scaled linearly to the global batch."""
+    base_batch_size: int = 256
+    """Reference batch size of `base_learning_rate`."""
+    warmup_steps: int = 50
+    """Steps of linear warm-up from 0 to the scaled learning rate; cosine decay to 0 follows."""
+    total_steps: int = 600
+    """Length of training in optimizer steps (the schedule and resume both count in steps)."""
+    steps_per_execution: Union[int, Literal["auto", "auto:fresh"]] = "auto"
+    """Training steps run per call into the device; `auto` measures candidates once per setting and
+    reuses the choice (see steps_per_execution.py), `auto:fresh` measures again."""
+    checkpoint_every: int = 100
+    """Steps between checkpoints (a checkpoint is also written on SIGTERM and at the end)."""
+    eval_every: int = 0
+    """Steps between evaluations during training (logged to TensorBoard's eval run; the best one's
+    checkpoint is kept apart); 0 evaluates only at the end."""
+    max_seconds_per_execution: float = 5.0
+    """Upper bound on the time of one execution that `steps_per_execution: auto` may choose: a
+    preemption notice is acted on at the next execution boundary, and finishing the execution plus
+    saving a checkpoint must fit in the ~30 s a Spot TPU VM gets."""
+    keep_checkpoints: int = 3
+    """How many of the latest checkpoints to keep."""
+    log_every: int = 50
+    """Steps between console and TensorBoard logs; bounds `steps_per_execution` from above."""
+    momentum: float = 0.9
+    """SGD momentum (Nesterov); unused by adamw."""
+    weight_decay: float = 0.0005
+    """Decoupled weight decay applied by the optimizer."""
+
+
+@dataclass
+class RuntimeConfig:
+    strategy: str = "auto"
+    """`auto` (TPU, else GPU, else CPU), `tpu`, `gpu` or `cpu`."""
+    tpu: str = "local"
+    """`local` on a single TPU VM, or the TPU name of a multi-host Pod slice."""
+    cpu_devices: int = 8
+    """Logical devices to split the CPU into, so that CPU runs exercise 8 replicas like a TPU."""
+    mixed_precision: str = "auto"
+    """`auto` (bfloat16 where the TPU, GPU or CPU computes it natively, else float32; see
+    precision.py), `bfloat16` (compute in bf16, variables and logits in float32) or `float32`."""
+    output_dir: str = "runs/local"
+    """Run directory (local path or gs://): config.yaml, checkpoints/, logs/, metrics.json."""
+    profile_steps: str = ""
+    """`start,stop` window of training steps to trace into logs/, or empty for none."""
+    profiler_port: int = 0
+    """Port of the profiler server for on-demand capture (`make profile`), 0 for none."""
+    seed: int = 0
+    """Global seed for initialisation and shuffling."""
+    metadata_poll_seconds: float = 5.0
+    """How often the GCE metadata server is asked for a preemption or maintenance notice. A notice
+    comes about 30 s before the hard stop, so a few seconds leave time to save."""
+    cache_dir: str = ""
+    """Where measurements reused across runs are kept (the `steps_per_execution: auto` choice per
+    setting): a local path or gs://; empty for $XDG_CACHE_HOME/<package> (else ~/.cache/<package>)."""
+
+
+def _task():
+    from .. import tasks  # the task package is chosen by name; the core never names one
+
+    return tasks.current()
+
+
+@dataclass
+class Config:
+    task: str = field(default_factory=lambda: _task().name)
+    """The task this config trains: a package under tasks/ (see tasks/__init__.py)."""
+    data: Any = field(default_factory=lambda: _task().data_config())
+    """The shared DataConfig keys plus the task's (e.g. image_size or seq_len)."""
+    model: Any = field(default_factory=lambda: _task().model_config())
+    """The task's model keys."""
+    predict: Any = field(default_factory=lambda: _task().predict_config())
+    """The task's serving keys (what the export serves; none for most tasks)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Examples per optimizer update: the global batch times the accumulation steps."""
+        return self.train.global_batch_size * self.train.gradient_accumulation_steps
+
+    def profile_window(self) -> tuple[int, int] | None:
+        """The (start, stop) steps of `runtime.profile_steps`, or None."""
+        if not self.runtime.profile_steps:
+            return None
+        start, stop = (int(part) for part in self.runtime.profile_steps.split(","))
+        return start, stop
+
+
+def is_auto(steps_per_execution) -> bool:
+    """`auto` or `auto:fresh`: chosen by measurement at start-up, not given."""
+    return steps_per_execution in ("auto", "auto:fresh")
+
+
+STRATEGIES = ("auto", "tpu", "gpu", "cpu")
+PRECISIONS = ("auto", "bfloat16", "float32")
+
+
+def all_keys(config: Config | None = None) -> list[str]:
+    """Every dotted key the config accepts, e.g. `train.global_batch_size`."""
+    config = config or Config()
+    return [
+        f"{section.name}.{key.name}"
+        for section in dataclasses.fields(config)
+        if dataclasses.is_dataclass(getattr(config, section.name))
+        for key in dataclasses.fields(getattr(config, section.name))
+    ]
+
+
+def _owners(key: str) -> list[str]:
+    """The other tasks of this project that declare `key` (e.g. data.image_size)."""
+    from .. import tasks
+
+    section, _, name = key.partition(".")
+    owners = []
+    for task_name in tasks.available():
+        task = tasks.load(task_name)
+        kind = {"data": task.data_config, "model": task.model_config, "predict": task.predict_config}.get(section)
+        if (
+            task_name != _task().name
+            and dataclasses.is_dataclass(kind)
+            and name in {f.name for f in dataclasses.fields(kind)}
+        ):
+            owners.append(task_name)
+    return owners
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    from .. import tasks
+
+    current = _task().name
+    owners = _owners(key)
+    if owners:
+        return ConfigError(
+            f"config key '{key}' {where} belongs to task {' and '.join(owners)}, but this config trains "
+            f"'{current}' (its `task:` key); the tasks here are {', '.join(tasks.available())}"
+        )
+    close = difflib.get_close_matches(key, all_keys(), n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"task '{current}' has no such key (see its configs)"
+    return ConfigError(f"unknown config key '{key}' {where}; {hint}")
+
+
+def _describe(kind: Any) -> str:
+    """How a type reads in an error message: 'an integer', 'a list of integers', ..."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Union:
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is Literal:
+        return " or ".join(repr(arg) for arg in args)
+    if origin is list:
+        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s" if args else "a list"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        kind, getattr(kind, "__name__", str(kind))
+    )
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _convert(value: Any, kind: Any) -> Any:
+    """`value` as `kind`, allowing only the harmless conversions; raises _Mismatch."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Union:
+        for arg in args:
+            try:
+                return _convert(value, arg)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is Literal:
+        if value in args:
+            return value
+        raise _Mismatch
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        return [_convert(item, args[0]) for item in value] if args else list(value)
+    if isinstance(value, bool):  # YAML's true/false: only for bool fields, never a 1 or 0
+        if kind is bool:
+            return value
+        raise _Mismatch
+    if kind is int and isinstance(value, int):
+        return value
+    if kind is float and isinstance(value, (int, float)):
+        return float(value)
+    if kind is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-3 (no dot) as a string
+            return float(value)
+        except ValueError:
+            raise _Mismatch from None
+    if kind is str:
+        if value is None:
+            return ""
+        if isinstance(value, (str, int, float)):
+            return str(value)
+    raise _Mismatch
+
+
+def _coerce(key: str, value: Any, kind: Any) -> Any:
+    """Checks `value` against the field's type hint: the one conversion rule for every key."""
+    try:
+        return _convert(value, kind)
+    except _Mismatch:
+        raise ConfigError(f"{key} must be {_describe(kind)}, got {value!r}") from None
+
+
+def _set(config: Config, key: str, value: Any, where: str) -> None:
+    if key not in all_keys(config):
+        raise _unknown_key(key, where)
+    section_name, _, field_name = key.partition(".")
+    section = getattr(config, section_name)
+    kind = typing.get_type_hints(type(section))[field_name]
+    setattr(section, field_name, _coerce(key, value, kind))
+
+
+def validate(config: Config) -> Config:
+    """Checks the values that have rules beyond their type; the task's sections check their own."""
+    rt, tr, data = config.runtime, config.train, config.data
+    if rt.strategy not in STRATEGIES:
+        raise ConfigError(f"runtime.strategy must be one of {', '.join(STRATEGIES)}, got {rt.strategy!r}")
+    if rt.mixed_precision not in PRECISIONS:
+        raise ConfigError(f"runtime.mixed_precision must be one of {', '.join(PRECISIONS)}, got {rt.mixed_precision!r}")
+    if rt.profile_steps:
+        parts = rt.profile_steps.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) >= int(parts[1]):
+            raise ConfigError(
+                f"runtime.profile_steps must be 'start,stop' with start < stop (e.g. '20,30'), got {rt.profile_steps!r}"
+            )
+        rt.profile_steps = ",".join(p.strip() for p in parts)
+    for key, value in (
+        ("train.global_batch_size", tr.global_batch_size),
+        ("train.base_batch_size", tr.base_batch_size),
+        ("train.total_steps", tr.total_steps),
+        ("train.checkpoint_every", tr.checkpoint_every),
+        ("train.log_every", tr.log_every),
+        ("train.keep_checkpoints", tr.keep_checkpoints),
+        ("runtime.cpu_devices", rt.cpu_devices),
+        ("train.gradient_accumulation_steps", tr.gradient_accumulation_steps),
+    ):
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if tr.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps must be 0 or more, got {tr.warmup_steps}")
+    if tr.warmup_steps >= tr.total_steps:
+        # A short smoke run (train.total_steps=10) keeps the schedule's shape instead of failing:
+        # the warm-up takes a tenth of the run, and the log says so.
+        clamped = tr.total_steps // 10
+        log.warning(
+            "note: train.warmup_steps=%d is not shorter than train.total_steps=%d; warming up for %d "
+            "steps (a tenth of the run) instead",
+            tr.warmup_steps,
+            tr.total_steps,
+            clamped,
+        )
+        tr.warmup_steps = clamped
+    if tr.eval_every < 0:
+        raise ConfigError(f"train.eval_every must be 0 (only at the end) or a number of steps, got {tr.eval_every}")
+    if tr.max_seconds_per_execution <= 0:
+        raise ConfigError(f"train.max_seconds_per_execution must be positive, got {tr.max_seconds_per_execution}")
+    if isinstance(tr.steps_per_execution, int) and tr.steps_per_execution < 1:
+        raise ConfigError(f"train.steps_per_execution must be at least 1 or 'auto', got {tr.steps_per_execution}")
+    if not 0.0 < data.eval_fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction must be between 0 and 1 (exclusive), got {data.eval_fraction}")
+    if data.shuffle_buffer < 1:
+        raise ConfigError(f"data.shuffle_buffer must be at least 1, got {data.shuffle_buffer}")
+    if tr.base_learning_rate <= 0:
+        raise ConfigError(f"train.base_learning_rate must be positive, got {tr.base_learning_rate}")
+    if not 0 <= rt.profiler_port < 65536:
+        raise ConfigError(f"runtime.profiler_port must be a port number or 0, got {rt.profiler_port}")
+    if rt.metadata_poll_seconds <= 0:
+        raise ConfigError(f"runtime.metadata_poll_seconds must be positive, got {rt.metadata_poll_seconds}")
+    for section in (config.data, config.model, config.predict):
+        problem = section.problem() if hasattr(section, "problem") else None
+        if problem:
+            raise ConfigError(problem)
+    return config
+
+
+def _select(name: str, where: str) -> None:
+    from .. import tasks
+
+    try:
+        tasks.select(name, where)
+    except UserError as error:
+        raise ConfigError(str(error)) from None
+
+
+def from_dict(values: dict, where: str = "") -> Config:
+    """The config of `values` (a parsed YAML file); its `task:` key selects the task first."""
+    from .. import tasks
+
+    values = dict(values or {})
+    if "task" in values:
+        name = values.pop("task")
+        if not isinstance(name, str):
+            raise ConfigError(f"task {where} must be a task's name, e.g. task: {tasks.DEFAULT}; got {name!r}")
+        _select(name, where)
+    config = Config()
+    for section, keys in values.items():
+        if section not in {f.name for f in dataclasses.fields(config)}:
+            raise _unknown_key(str(section), where)
+        if not isinstance(keys, dict):
+            raise ConfigError(f"section '{section}' {where} must be a mapping of keys, got {keys!r}")
+        for name, value in keys.items():
+            _set(config, f"{section}.{name}", value, where)
+    return config
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.total_steps=100` -> ('train.total_steps', 100); the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form dotted.key=value (e.g. train.total_steps=100)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
+    """Reads a YAML config, applies `dotted.key=value` overrides and validates the result."""
+    values: dict = {}
+    if path:
+        try:
+            with open(path) as handle:
+                values = yaml.safe_load(handle) or {}
+        except FileNotFoundError:
+            raise ConfigError(
+                f"config file {path} not found; pick one from configs/ (e.g. configs/local.yaml)"
+            ) from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"config file {path} must hold `task:` and a mapping of sections (data, model, train, runtime)"
+            )
+    parsed = [parse_override(text) for text in overrides]
+    for key, value in parsed:
+        if key == "task":  # task=NAME on the command line picks the task before any key is read
+            _select(str(value), "on the command line")
+            values = {**values, "task": value}
+    config = from_dict(values, f"in {path}" if path else "")
+    for key, value in parsed:
+        if key != "task":
+            _set(config, key, value, "on the command line")
+    return validate(config)
+
+
+def dump(config: Config) -> str:
+    """The resolved config as YAML, in the same layout as the files under configs/."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def command_line(description: str, argv: Sequence[str] | None, add_arguments=None) -> tuple[Config, argparse.Namespace]:
+    """The entry points' shared command line: --config FILE [options] [dotted.key=value ...]."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="YAML file under configs/")
+    if add_arguments:
+        add_arguments(parser)
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.total_steps=100")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger(__package__.split(".")[0]).setLevel(logging.INFO)  # the whole project's loggers
+    gcp.quiet_logging()
+    config = load(args.config, args.overrides)
+    gcp.require_credentials({"data.dir": config.data.dir, "runtime.output_dir": config.runtime.output_dir})
+    return config, args

@@ -1,0 +1,55 @@
+"""The package's layout is a rule, not a habit: the modules at its root are commands, core/ is the
+library they share, and no command imports another (a helper two commands need belongs in core/)."""
+
+from __future__ import annotations
+
+import ast
+
+from conftest import PROJECT
+from {{ cookiecutter.package }} import tasks
+
+PACKAGE = PROJECT / "src" / tasks.__name__.split(".")[0]
+COMMANDS = sorted([path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__"] + ["doctor"])
+
+
+def imported_modules(path) -> set[str]:
+    """The package's own modules that a file imports, as dotted names relative to the package root."""
+    depth = len(path.relative_to(PACKAGE).parts) - 1  # 0 for a module at the root
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if node.level - 1 > depth:  # above the package
+                continue
+            base = list(path.relative_to(PACKAGE).parts[: depth - (node.level - 1)])
+            module = [*base, *(node.module.split(".") if node.module else [])]
+            if node.module:
+                found.add(".".join(module))
+            for alias in node.names:
+                found.add(".".join([*module, alias.name]))
+    return found
+
+
+def test_every_module_at_the_root_is_a_command():
+    for name in COMMANDS:
+        if name == "doctor":  # a package: python -m runs its __main__.py
+            assert (PACKAGE / "doctor" / "__main__.py").is_file()
+            continue
+        source = (PACKAGE / f"{name}.py").read_text()
+        assert 'if __name__ == "__main__":' in source, f"{name}.py is not a command: move it into core/"
+    assert (PACKAGE / "core" / "__init__.py").is_file()
+
+
+def test_no_command_imports_another_command():
+    for path in [*PACKAGE.glob("*.py"), *(PACKAGE / "doctor").glob("*.py")]:
+        own = "doctor" if path.parent.name == "doctor" else path.stem
+        others = {name for name in COMMANDS if name != own}
+        imported = {module.split(".")[0] for module in imported_modules(path)}
+        assert not imported & others, f"{path.name} imports the command(s) {sorted(imported & others)}"
+
+
+def test_the_library_imports_no_command():
+    for path in (PACKAGE / "core").glob("*.py"):
+        imported = {module.split(".")[0] for module in imported_modules(path)}
+        assert not imported & set(COMMANDS), (
+            f"core/{path.name} imports the command(s) {sorted(imported & set(COMMANDS))}"
+        )
