@@ -94,7 +94,7 @@ def test_bake_every_option(tmp_path, tpu_type, task):
                        cwd=project, env={"PYTHONPATH": str(project / "src")}, check=True, capture_output=True)
 
 
-# The targets PRODUCT.md promises (its "Generated project: commands" table).
+# The targets every generated project promises (the template README and the generated README list them).
 CONTRACT_TARGETS = {
     "setup", "test", "data", "preprocess", "train", "eval", "predict", "tensorboard", "new-task", "doctor", "profile",
     "bench", "bench-spe", "bench-preprocess", "bench-startup", "tpu-create", "tpu-list", "tpu-ssh", "tpu-stop", "tpu-start",

@@ -96,7 +96,33 @@ TARGETS: dict[str, dict] = {
 
 # The targets that make the small run, in this order; the other "after" plans run on it.
 SMALL_RUN_TARGETS = ("data", "preprocess", "train")
-DRY_RUN_OUTPUT_WITHOUT_GCLOUD = ("logs", "tpu-cleanup", "train-bg")  # they act on this machine
+# What each DRY_RUN=1 target must print: its own command (a line of it), so that a target printing
+# another target's command (tpu-stop printing the start command) fails.
+GCLOUD = r"^gcloud compute tpus tpu-vm"
+DRY_RUN_COMMANDS = {
+    "tpu-create": rf"{GCLOUD} create \S+ .*--accelerator-type=\S+ --version=\S+",
+    "tpu-list": rf"{GCLOUD} list --project=\S+ --zone=\S+$",
+    "tpu-versions": rf"{GCLOUD} versions list ",
+    "tpu-ssh": rf"{GCLOUD} ssh \S+ --project=\S+ --zone=\S+ --worker=0$",
+    "tpu-tunnel": rf"{GCLOUD} ssh \S+ .*--worker=0 -- -L \d+:localhost:\d+ -L \d+:localhost:\d+$",
+    "tpu-stop": rf"{GCLOUD} stop \S+ ",
+    "tpu-start": rf"{GCLOUD} start \S+ ",
+    "tpu-delete": rf"{GCLOUD} delete \S+ ",
+    "tpu-copy": rf"{GCLOUD} scp \S+\.tar\.gz \S+:\S+ .*--worker=all$",
+    "tpu-setup": rf"{GCLOUD} ssh \S+ .*--worker=all --command='cd \S+ && .*&& make setup'$",
+    "tpu-cleanup": r"^rm -f /tmp/libtpu_lockfile",
+    "pod-train": rf"{GCLOUD} ssh \S+ .*--worker=all --command='cd \S+ && bash scripts/pod_train.sh \S+ configs/pod.yaml'$",
+    "pod-logs": rf"{GCLOUD} ssh \S+ .*--worker=0 --command='tail -n \d+ -F \S+/worker-0.log'$",
+    "train-bg": r"^tmux new-session -d -s train .* -- make train CONFIG=\S+$",
+    "logs": r"^tail -n \d+ -F logs/train.log$",
+}
+# What each benchmark's last line (JSON) holds: its own figures.
+BENCH_FIGURES = {
+    "bench": {"speedup", "train_steps_per_s_synthetic", "train_steps_per_s_real", "input_bound"},
+    "bench-spe": {"chosen", "candidates", "spe1_steps_per_s"},
+    "bench-startup": {"resume_over_fresh", "rerun_over_fresh"},
+    "bench-preprocess": {"beam_records_per_s", "plain_records_per_s", "ratio", "records"},
+}
 
 
 @contextlib.contextmanager
@@ -390,19 +416,19 @@ ON_THE_SMALL_RUN = [target for target, plan in TARGETS.items() if "after" in pla
 def test_on_the_small_run_each_target_works(small_run, target):
     result = run_listed(small_run, target, *TARGETS[target]["after"])
     output = succeeds(result)
-    if target == "eval":
-        assert "accuracy" in output, output
+    if target == "eval":  # the small run's 20 steps, evaluated on the eval split
+        assert re.search(r"^eval \S+ \d\.\d{4}, .* on \d+ examples at step 20 -> ", output, re.MULTILINE), output
     if target.startswith("bench"):
         last_line = result.stdout.strip().splitlines()[-1]  # the figures as JSON, after the logs
-        assert isinstance(json.loads(last_line), dict), f"make {target}: the last line is not JSON:\n{result.shown}"
+        figures = json.loads(last_line)
+        assert BENCH_FIGURES[target] <= set(figures), f"make {target}: the last line lacks its figures:\n{result.shown}"
         # Beam's worker processes (--workers=2) each used to warn about a semi_persistent_directory.
         assert "semi_persistent" not in output, f"make {target}:\n{result.shown}"
     # The Cloud targets: DRY_RUN=1 prints the commands (on stdout, without the "+ " of a command
     # that runs), so nothing here needs gcloud or a TPU.
     if "DRY_RUN=1" in TARGETS[target]["after"]:
         assert not re.search(r"^\+ ", output, re.MULTILINE), f"make {target} DRY_RUN=1 ran something:\n{output}"
-        if target not in DRY_RUN_OUTPUT_WITHOUT_GCLOUD:
-            assert "gcloud compute tpus" in output, output
+        assert re.search(DRY_RUN_COMMANDS[target], output, re.MULTILINE), f"make {target}: not its command:\n{output}"
 
 
 def test_profile_captures_from_a_training_job(small_run):

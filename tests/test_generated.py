@@ -57,8 +57,9 @@ def run_end_to_end(project, *train_args, examples=1200, rejected=2):
 # inputs left out): [source, target, the text or None].
 EVAL_EXAMPLES = """
 import json, sys
-from {package} import config, preprocess, tasks
-from {package}.task import RawExample
+from {package} import tasks
+from {package}.core import config, preprocessing
+from {package}.core.task import RawExample
 
 eval_fraction = config.load("configs/local.yaml").data.eval_fraction
 task, raw = tasks.current(), "data/raw"
@@ -68,7 +69,7 @@ for unit in task.list_raw(raw).units:
     for item in task.read_raw(unit, open(f"{{raw}}/{{unit}}", "rb").read()):
         if not isinstance(item, RawExample) or {{item.source, f"{{raw}}/{{item.source}}"}} & rejected:
             continue
-        if (item.split or preprocess.split_of(item.source, eval_fraction)) == "eval":
+        if (item.split or preprocessing.split_of(item.source, eval_fraction)) == "eval":
             examples.append([item.source, item.target, item.payload if isinstance(item.payload, str) else None])
 print(json.dumps(examples))
 """

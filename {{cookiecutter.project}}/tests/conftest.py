@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if {"finished_run", "contract_run"} & set(getattr(item, "fixturenames", ())):
+        if {"finished_run", "contract_run", "lm_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("finished_run"))
 
 

@@ -126,10 +126,15 @@ def test_evaluation_counts_every_eval_example_once(contract_run):
     assert metrics["eval_examples"] == manifest["splits"]["eval"]["num_examples"]
 
 
-def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys):
+def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys, tmp_path):
+    """Reruns a copy of the shared run: the run itself stays as trained for every other reader."""
     task = tasks.current()
-    cfg, output, metrics, _ = contract_run
-    again = trainer.train(config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto"]))
+    cfg, shared, metrics, _ = contract_run
+    output = tmp_path / "run"
+    shutil.copytree(shared, output)
+    again = trainer.train(
+        config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto", f"runtime.output_dir={output}"])
+    )
     printed = capsys.readouterr().out
     assert "resumed from step 48" in printed and "calibrating" not in printed
     assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
@@ -225,7 +230,7 @@ def test_the_map_names_every_member_and_the_required_ones_are_abstract():
 
 
 UNFINISHED = """
-from ...task import Task
+from ...core.task import Task
 
 
 class Unfinished(Task):

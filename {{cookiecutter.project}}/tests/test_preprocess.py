@@ -136,7 +136,7 @@ def test_a_failed_run_leaves_the_previous_output_intact(raw_dir, tmp_path, monke
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(preprocess, "write_tfrecords", fail)
+    monkeypatch.setattr(preprocessing, "write_tfrecords", fail)
     with pytest.raises(Exception, match="disk full"):
         run_preprocess(raw_dir, output, *DATA_OVERRIDES, "--num_shards", "3")
     assert json.loads((output / "manifest.json").read_text()) == before
@@ -382,3 +382,11 @@ def test_make_preprocess_on_dataflow_uses_the_project_answers():
         "--dry_run=True",
     ):
         assert option in command, option
+
+
+def test_the_summary_rate_shows_its_digits():
+    """`wrote ... in 6.7s (0.3 files/s)` for 2 files, not `(0 files/s)`; whole numbers from 10 up."""
+    assert preprocessing.per_second(2, 6.7) == "0.3"
+    assert preprocessing.per_second(1202, 5.1) == "236"
+    assert preprocessing.per_second(30, 4.0) == "7.5"
+    assert preprocessing.per_second(5, 0.0) == "0"

@@ -17,7 +17,7 @@ from {{ cookiecutter.package }}.core.run_dir import RunRecord, read_metrics
 # Writes two records of ~2 MB in turn, forever: a kill lands inside a write most of the time.
 WRITER = """
 import sys
-from {{ cookiecutter.package }}.run_dir import RunRecord
+from {{ cookiecutter.package }}.core.run_dir import RunRecord
 record = RunRecord(sys.argv[1])
 print("ready", flush=True)
 versions = [{"version": 0, "padding": "a" * 2_000_000}, {"version": 1, "padding": "b" * 2_000_000}]

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Sequence
 
-from .core import gcp
+from .core import distribute, gcp
 from . import tasks
 from .core.errors import UserError, run_cli
 
@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.inputs:
         raise UserError('no input given; pass the files to predict for, e.g. make predict INPUT="path ..."')
     gcp.require_credentials({"--run": args.run})
+    distribute.physical_devices()  # TensorFlow's first look at the devices, without the no-GPU noise
     for name, fields in predict(args.run, args.inputs):
         print(line(name, fields))
     return 0

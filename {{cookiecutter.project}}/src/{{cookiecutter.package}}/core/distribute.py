@@ -12,6 +12,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
+import sys
+import tempfile
 
 import tensorflow as tf
 
@@ -21,6 +24,40 @@ from .config import RuntimeConfig
 from .errors import UserError
 
 log = logging.getLogger(__name__)
+
+
+# What TensorFlow's CUDA build logs at ERROR level when it looks for a GPU on a machine that has
+# none (its bundled stub driver answers cuInit with an error): noise at every start on a CPU.
+NO_GPU_PROBE = re.compile(r"failed call to cuInit")
+
+
+@functools.lru_cache(maxsize=None)
+def physical_devices() -> tuple:
+    """TensorFlow's first look at the machine's devices, once per process. On a machine without an
+    NVIDIA driver (/proc/driver/nvidia), the CUDA probe's error line is dropped from stderr; every
+    other line it writes still shows, and on a GPU machine nothing is dropped."""
+    if os.path.exists("/proc/driver/nvidia"):
+        return tuple(tf.config.list_physical_devices())
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            devices = tuple(tf.config.list_physical_devices())
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True):
+            if not NO_GPU_PROBE.search(line):
+                sys.stderr.write(line)
+    sys.stderr.flush()
+    return devices
+
+
+def devices_of(kind: str) -> list:
+    """The physical devices of `kind` ("CPU", "GPU", "TPU")."""
+    return [device for device in physical_devices() if device.device_type == kind]
 
 
 def on_tpu_vm() -> bool:
@@ -68,7 +105,7 @@ def _gpu() -> Target:
 
 def split_cpu(devices: int) -> None:
     """Splits the host CPU into `devices` logical devices; must run before TensorFlow starts."""
-    cpus = tf.config.list_physical_devices("CPU")
+    cpus = devices_of("CPU")
     current = tf.config.get_logical_device_configuration(cpus[0])
     if current is not None and len(current) == devices:
         return
@@ -100,7 +137,7 @@ def resolve(runtime: RuntimeConfig) -> Target:
     if wanted == "auto":
         if on_tpu_vm() or runtime.tpu not in ("local", ""):
             wanted = "tpu"
-        elif tf.config.list_physical_devices("GPU"):
+        elif devices_of("GPU"):
             wanted = "gpu"
         else:
             wanted = "cpu"

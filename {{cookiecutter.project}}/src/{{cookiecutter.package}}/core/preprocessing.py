@@ -537,11 +537,17 @@ def run(
     )
     print(
         f"wrote {total} examples ({per_split}) "
-        f"to {output} in {elapsed:.1f}s ({counters.get('read', 0) / elapsed:.0f} files/s); "
+        f"to {output} in {elapsed:.1f}s ({per_second(counters.get('read', 0), elapsed)} files/s); "
         f"rejected {manifest['rejected']['count']} {manifest['rejected']['by_reason'] or ''} "
         f"(listed in {REJECTED}); ignored {manifest['ignored_files']} other files"
     )
     return 0
+
+
+def per_second(count: int, seconds: float) -> str:
+    """A rate with the digits it needs: 234 for 234.4/s, 0.3 for 2 files in 6.7 s (never a bare 0)."""
+    rate = count / seconds if seconds > 0 else 0.0
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
 
 
 def quiet_beam_logging() -> None:
