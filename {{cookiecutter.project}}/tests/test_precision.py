@@ -1,5 +1,6 @@
 """`runtime.mixed_precision: auto`: bfloat16 where the hardware computes it natively, float32 where
-it would be emulated, and the reason in words; an explicit value always wins."""
+it would be emulated, and the reason in words; an explicit value always wins. The choice is Keras'
+policy: the layers built after it compute in it, with float32 variables."""
 
 from __future__ import annotations
 
@@ -72,3 +73,50 @@ def test_an_explicit_precision_wins_and_emulation_is_named(monkeypatch):
     assert forced.precision == "bfloat16" and "emulated" in forced.reason
     assert precision.choose("float32", "cpu", flags=SAPPHIRE_RAPIDS).precision == "float32"
     assert precision.choose("float32", "tpu").describe() == "float32 (runtime.mixed_precision)"
+
+
+@pytest.fixture
+def keras_policy():
+    """Keras' global policy as the test found it, put back after it (conftest does too, after
+    every test)."""
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    found = keras.mixed_precision.global_policy()
+    yield keras
+    keras.mixed_precision.set_global_policy(found)
+
+
+@pytest.mark.parametrize(
+    "flags, policy, compute", [(SAPPHIRE_RAPIDS, "mixed_bfloat16", "bfloat16"), (ZEN3, "float32", "float32")]
+)
+def test_auto_sets_the_policy_the_layers_compute_in(
+    flags, policy, compute, keras_policy, data_dir, tmp_path, monkeypatch
+):
+    """`auto` on a CPU with (or without) native bfloat16: the layers built after it compute in
+    bfloat16 (float32) with float32 variables, the task's model too, bar its float32 logits."""
+    import tensorflow as tf
+
+    from conftest import tiny_config
+    from {{ cookiecutter.package }}.core import input_pipeline
+    from {{ cookiecutter.package }}.core.model import build_model
+
+    keras = keras_policy
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda path=precision.CPUINFO: set(flags))
+    keras.mixed_precision.set_global_policy("float64" if compute == "float32" else "float32")  # not the answer
+
+    assert precision.apply("auto", "cpu").precision == compute
+    assert keras.mixed_precision.global_policy().name == policy
+    dense = keras.layers.Dense(3)
+    outputs = dense(tf.ones([2, 4]))
+    assert dense.compute_dtype == outputs.dtype == compute
+    assert dense.kernel.dtype == dense.bias.dtype == "float32"
+
+    cfg = tiny_config(data_dir, tmp_path)
+    model = build_model(cfg, input_pipeline.read_manifest(str(data_dir), cfg.data))
+    weighted = [layer for layer in model.layers if layer.weights]
+    computing = [layer.name for layer in weighted if layer.compute_dtype == compute]
+    assert len(computing) > len(weighted) / 2, {layer.name: layer.compute_dtype for layer in weighted}
+    assert {variable.dtype for variable in model.variables} == {tf.float32}
+    assert {output.dtype for output in model.outputs} == {tf.float32}

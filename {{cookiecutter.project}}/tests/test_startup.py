@@ -2,10 +2,14 @@
 auto` measured once per setting and reused (resume, rerun, new run directory), on the model that
 is trained; time to first step and the goodput record summed over every start of a run."""
 
+import copy
+import dataclasses
 import json
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -13,9 +17,10 @@ import tensorflow as tf
 from conftest import PROJECT, tiny_config
 from test_doctor import check
 from test_train import train_command as interruptible_run
-from {{ cookiecutter.package }}.core import distribute, goodput, input_pipeline, trainer
+from {{ cookiecutter.package }}.core import config, distribute, goodput, input_pipeline, topology, trainer
 from {{ cookiecutter.package }} import train
 from {{ cookiecutter.package }}.core import steps_per_execution as spe_lib
+from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.doctor import engine
 from {{ cookiecutter.package }}.core.model import build_model, compile_model
 
@@ -80,6 +85,221 @@ def test_a_resume_a_rerun_and_a_new_run_directory_reuse_the_calibration(data_dir
     assert "calibrating" in capsys.readouterr().out
 
 
+# ----------------------------------------------------------------------------- the calibration's choice
+
+
+@pytest.mark.parametrize(
+    "rates, expected",
+    [
+        ({1: 10.0, 4: 10.3, 16: 9.9}, 16),  # 9.9 is within 5% of 10.3: the largest value wins
+        ({1: 10.0, 4: 12.0, 16: 10.0}, 4),  # 10 is 17% slower than 12
+        ({1: 10.0, 4: 9.4, 16: 9.0}, 1),  # 9.4 is 6% slower than 10
+    ],
+)
+def test_the_choice_is_the_largest_candidate_within_5_percent_of_the_fastest(rates, expected):
+    measured = [spe_lib.Measurement(value, rate) for value, rate in rates.items()]
+    assert spe_lib.choose(measured).steps_per_execution == expected
+    assert spe_lib.choose(measured[::-1]).steps_per_execution == expected
+
+
+def tiny_keras_model():
+    """A one-layer model compiled for Keras' multi-step loop, and an endless input for it."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=2)
+    batches = tf.data.Dataset.from_tensors((tf.ones([8, 4]), tf.ones([8, 1]))).repeat()
+    return model, iter(batches)
+
+
+@pytest.mark.parametrize(
+    "bound, tried",
+    [
+        (0.001, [1]),  # 0.01 steps fit at 10 steps/s: candidate 1 only (it is always tried)
+        (0.35, [1]),  # 3.5 steps at 10 steps/s: not 4
+        (0.4, [1, 4, 16]),  # 4 steps at 10 steps/s, then 16 at 40 steps/s; not 64 at 100 steps/s
+        (1.0, [1, 4, 16, 64]),  # 10, then 40, then 100 steps fit; not 256 at 150 steps/s
+    ],
+)
+def test_the_time_bound_admits_the_next_candidate_at_the_latest_measured_rate(bound, tried, monkeypatch):
+    """Which candidates are tried under `max_seconds_per_execution=bound`, at known rates: each one
+    whose execution fits the bound at the rate measured for the candidate before it."""
+    rates = {1: 10.0, 4: 40.0, 16: 100.0, 64: 150.0, 256: 150.0}
+    monkeypatch.setattr(spe_lib, "_rate", lambda function, iterator, value, seconds: rates[value])
+    model, iterator = tiny_keras_model()
+    chosen, measurements = spe_lib.calibrate(model, iterator, 256, max_seconds_per_execution=bound)
+    assert [m.steps_per_execution for m in measurements] == tried
+    assert chosen.steps_per_execution == tried[-1] == int(model.steps_per_execution.numpy())
+
+
+def test_the_time_bound_stops_where_the_measured_rate_says(capsys):
+    """On a real model's measured rates R: each tried candidate fits the bound B at the rate measured
+    before it (value <= max(1, B * R)), and the first one not tried would not have fitted at the last
+    rate measured. B is set so that about 32 steps fit at this machine's one-step rate."""
+    model, iterator = tiny_keras_model()
+    train_function = spe_lib.loop_function(model, iterator)
+    started, executions = time.perf_counter(), 0
+    while executions < 20 or time.perf_counter() - started < 0.05:
+        train_function(iterator)["loss"].numpy()
+        executions += 1
+    bound = 32 / (executions / (time.perf_counter() - started))
+    limit = 4**8  # far above what fits: the bound, not the limit, ends the candidates
+    _, measurements = spe_lib.calibrate(
+        model,
+        iterator,
+        limit,
+        min_seconds=0.05,
+        max_seconds_per_execution=bound,
+        rounds=1,
+        train_function=train_function,
+    )
+    tried = [m.steps_per_execution for m in measurements]
+    assert tried == spe_lib.candidates(limit)[: len(tried)]
+    fits = {m.steps_per_execution: max(1.0, bound * m.rounds[0]) for m in measurements}
+    for before, value in zip(tried, tried[1:]):
+        assert value <= fits[before], (before, value, fits)
+    not_tried = spe_lib.candidates(limit)[len(tried)]
+    assert not_tried > fits[tried[-1]], (not_tried, fits)
+
+
+# ----------------------------------------------------------------------------- the calibration's cache
+
+
+def another(value):
+    """A value of the same kind that differs from `value`."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, list):
+        return [*value, another(value[-1]) if value else 1]
+    if value is None:
+        return 1
+    raise TypeError(f"no other value for {value!r}")
+
+
+def edited(cfg, section: str, name: str, value):
+    changed = copy.deepcopy(cfg)
+    setattr(getattr(changed, section) if section else changed, name, value)
+    return changed
+
+
+def ways_to_change(key: str, cfg, target, precision: str) -> list:
+    """(what changes, config, target, precision, TensorFlow version): each way the input behind the
+    setting's `key` changes. A key with none fails: a new field of the setting gets its way here."""
+    version = tf.__version__
+    if key in ("model", "data"):
+        section = getattr(cfg, key)
+        names = [f.name for f in dataclasses.fields(section) if f.name not in ("dir", "raw")]
+        return [
+            (f"{key}.{name}", edited(cfg, key, name, another(getattr(section, name))), target, precision, version)
+            for name in names
+        ]
+    if key == "task":
+        return [("task", edited(cfg, "", "task", another(cfg.task)), target, precision, version)]
+    if key == "limit":  # the smallest of the log, checkpoint, evaluation and run intervals
+        log_every = spe_lib.limit(cfg.train) - 1
+        return [("train.log_every", edited(cfg, "train", "log_every", log_every), target, precision, version)]
+    if key in {f.name for f in dataclasses.fields(cfg.train)}:
+        changed = edited(cfg, "train", key, another(getattr(cfg.train, key)))
+        return [(f"train.{key}", changed, target, precision, version)]
+    attribute = {"strategy": "kind"}.get(key, key)
+    if attribute in {f.name for f in dataclasses.fields(target)}:
+        changed_target = dataclasses.replace(target, **{attribute: another(getattr(target, attribute))})
+        return [(f"target.{attribute}", cfg, changed_target, precision, version)]
+    if key == "precision":
+        return [("precision", cfg, target, "bfloat16" if precision == "float32" else "float32", version)]
+    if key == "tensorflow":
+        return [("tensorflow", cfg, target, precision, another(version))]
+    pytest.fail(f"the calibration setting has a new field {key!r}: say in ways_to_change how it changes")
+
+
+def a_setting(*overrides: str):
+    cfg = config.load(None, ["train.steps_per_execution=auto", *overrides])
+    return cfg, topology.Target("cpu", 8, 1), "float32"
+
+
+def test_each_field_of_the_calibration_setting_has_its_own_cache_file(monkeypatch):
+    """A change to any input of the choice stores it in another file (the digest of the setting);
+    the run directory, the data's location and the seed do not."""
+    cfg, target, precision = a_setting()
+    base = spe_lib.setting(cfg, target, precision)
+    assert {
+        "task",
+        "model",
+        "data",
+        "global_batch_size",
+        "gradient_accumulation_steps",
+        "optimizer",
+        "limit",
+        "max_seconds_per_execution",
+        "strategy",
+        "replicas",
+        "hosts",
+        "tpu_type",
+        "precision",
+        "tensorflow",
+    } <= set(base)
+    paths = {"as configured": spe_lib.cache_path("/cache", base)}
+    for key in base:
+        ways = ways_to_change(key, cfg, target, precision)
+        assert ways, key
+        for what, changed_cfg, changed_target, changed_precision, version in ways:
+            with monkeypatch.context() as patch:
+                patch.setattr(tf, "__version__", version)
+                changed = spe_lib.setting(changed_cfg, changed_target, changed_precision)
+            assert [name for name in base if changed[name] != base[name]] == [key], what
+            paths[what] = spe_lib.cache_path("/cache", changed)
+    assert len(set(paths.values())) == len(paths), paths
+    assert all(path.startswith("/cache/steps_per_execution/") for path in paths.values())
+    unchanged = [
+        edited(cfg, "data", "dir", "gs://elsewhere/tfrecords"),
+        edited(cfg, "data", "raw", "gs://elsewhere/raw"),
+        edited(cfg, "runtime", "output_dir", "runs/other"),
+        edited(cfg, "runtime", "seed", cfg.runtime.seed + 1),
+        edited(cfg, "runtime", "cache_dir", "/elsewhere"),
+        edited(cfg, "train", "steps_per_execution", spe_lib.FRESH),
+    ]
+    for other in unchanged:
+        assert spe_lib.cache_path("/cache", spe_lib.setting(other, target, precision)) == paths["as configured"]
+
+
+def test_a_cache_file_that_cannot_serve_is_measured_again_and_said_once(tmp_path, capsys):
+    cfg, target, _ = a_setting(f"runtime.cache_dir={tmp_path}")
+    key = spe_lib.setting(cfg, target, cfg.runtime.mixed_precision)
+    path = spe_lib.cache_path(str(tmp_path), key)
+    measured = [spe_lib.Measurement(1, 10.0, [10.0]), spe_lib.Measurement(4, 30.0, [30.0])]
+
+    def decided():
+        decision = spe_lib.decide(cfg, target, {}, finished=False)
+        return decision, capsys.readouterr().out.splitlines()
+
+    decision, printed = decided()  # no file yet: measured, nothing to say
+    assert decision.measure and decision.stored is None and printed == []
+    spe_lib.write_cache(path, spe_lib.record(key, measured[1], measured))
+    decision, printed = decided()
+    assert not decision.measure and decision.compiled == 4 and path in decision.found_in and printed == []
+    ignored = {
+        "{not json": "not valid JSON",
+        b"\xff\xfe\x00": "not valid JSON",
+        "[4]": "not a calibration record",
+        json.dumps(
+            {**spe_lib.record(key, measured[1], measured), "steps_per_execution": "4"}
+        ): "not a calibration record",
+        json.dumps(
+            spe_lib.record({**key, "global_batch_size": key["global_batch_size"] * 2}, measured[1], measured)
+        ): "it holds another setting's calibration",
+    }
+    for content, why in ignored.items():
+        (Path(path).write_bytes if isinstance(content, bytes) else Path(path).write_text)(content)
+        decision, printed = decided()
+        assert decision.measure and decision.stored is None, content
+        assert printed == [f"note: ignoring the steps_per_execution cache {path}: {why}; measuring again"], content
+
+
+# ----------------------------------------------------------------------------- goodput
+
+
 def test_the_goodput_record_counts_work_lost_to_a_kill():
     """Three starts: the first killed at step 12 after a checkpoint at 8 (4 steps repeated), the
     second preempted at 20 with a checkpoint there, the third finishing at 30."""
@@ -141,17 +361,51 @@ def train_command(data_dir, output_dir, *overrides):
     return interruptible_run(data_dir, output_dir, "train.steps_per_execution=auto", "train.log_every=4", *overrides)
 
 
-def run_until_a_step_then_sigterm(command, env) -> str:
+@dataclasses.dataclass
+class Start:
+    """One start of a training command as a process: its exit status, each line it printed with when
+    the test read it (time.perf_counter()), and its wall seconds from launch to exit."""
+
+    status: int
+    lines: list
+    wall_seconds: float
+
+    @property
+    def text(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+    def read_at(self, prefix) -> float:
+        """When the test read the first line starting with `prefix` (a string or a tuple of them)."""
+        return next(at for at, line in self.lines if line.startswith(prefix))
+
+
+def run_start(command, env, stop=None) -> Start:
+    """Runs one start of `command` to its exit; `stop(line, process)`, called with each line until it
+    returns True, may signal the process."""
+    launched = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    output = []
+    lines, stopped = [], stop is None
     for line in process.stdout:
-        output.append(line)
-        if line.startswith("step "):
-            process.send_signal(signal.SIGTERM)
-            break
-    output += process.stdout.readlines()
-    assert process.wait(timeout=300) == train.PREEMPTED_EXIT_STATUS, "".join(output)
-    return "".join(output)
+        lines.append((time.perf_counter(), line))
+        stopped = stopped or stop(line, process)
+    status = process.wait(timeout=300)
+    return Start(status, lines, time.perf_counter() - launched)
+
+
+def sigterm_at_the_first_step(line: str, process) -> bool:
+    if line.startswith("step "):
+        process.send_signal(signal.SIGTERM)
+        return True
+    return False
+
+
+def logged_step(line: str) -> int | None:
+    """N of a `step N/total ...` log line."""
+    return int(line.split()[1].split("/")[0]) if line.startswith("step ") else None
+
+
+def step_in(text: str, prefix: str) -> int:
+    return int(next(line for line in text.splitlines() if line.startswith(prefix)).split()[-1].rstrip(":"))
 
 
 def timings(text: str) -> dict:
@@ -159,35 +413,106 @@ def timings(text: str) -> dict:
     return {part.rsplit(" ", 2)[0]: float(part.rsplit(" ", 2)[1]) for part in line.split(", ")}
 
 
+def assert_sums_of_the_starts(record: dict) -> None:
+    """The record's phase seconds are those of its per-start entries, added up."""
+    per_start = record["per_start"]
+    assert set(record["phase_seconds"]) == set().union(*(start["phase_seconds"] for start in per_start))
+    for name, total in record["phase_seconds"].items():
+        assert total == pytest.approx(sum(start["phase_seconds"].get(name, 0.0) for start in per_start), abs=0.02)
+    assert record["wall_seconds"] == pytest.approx(sum(record["phase_seconds"].values()), abs=0.05)
+
+
+def assert_the_test_clock_agrees(entry: dict, start: Start, recorded_before: str) -> None:
+    """A start's recorded phase seconds against the test's own clock: no more than the process's wall
+    time, and no less than the time between the test reading the start's `data: ` line (printed once
+    its strategy and data are resolved) and the line `recorded_before` that it prints once the record
+    is written (less 1 s for the test reading that line late)."""
+    recorded = sum(entry["phase_seconds"].values())
+    window = start.read_at(recorded_before) - start.read_at("data: ")
+    assert window - 1.0 <= recorded <= start.wall_seconds, (window, recorded, start.wall_seconds)
+
+
 @pytest.mark.slow
 def test_a_run_preempted_twice_sums_its_three_starts(data_dir, tmp_path):
     command = train_command(data_dir, tmp_path, "train.total_steps=400")
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
-    logs = [run_until_a_step_then_sigterm(command, env), run_until_a_step_then_sigterm(command, env)]
-    finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    logs.append(finished.stdout)
+    starts = [run_start(command, env, sigterm_at_the_first_step) for _ in range(2)]
+    starts.append(run_start(command, env))
+    logs = [start.text for start in starts]
+    assert [start.status for start in starts] == [train.PREEMPTED_EXIT_STATUS] * 2 + [0], logs
     assert "calibrating" in logs[0] and "calibrating" not in logs[1] + logs[2]
-
-    def step_in(text: str, prefix: str) -> int:
-        return int(next(line for line in text.splitlines() if line.startswith(prefix)).split()[-1].rstrip(":"))
 
     stopped = [int(text.split("preempted (SIGTERM) at step ")[1].split(":")[0]) for text in logs[:2]]
     resumed = [step_in(text, "resumed from step") for text in logs[1:]]
     record = json.loads((tmp_path / "metrics.json").read_text())["goodput"]
-    assert record["starts"] == 3 and [start["end"] for start in record["per_start"]] == [
-        "preempted",
-        "preempted",
-        "finished",
-    ]
-    assert record["repeated_steps"] == sum(max(0, stop - resume) for stop, resume in zip(stopped, resumed))
-    assert [start["initial_step"] for start in record["per_start"]] == [0, *resumed]
-    # Each start's "timings: <phase> <seconds> s, ..." line is what the sums add up (to its rounding).
-    printed = [timings(text) for text in logs]
-    for name, total in record["phase_seconds"].items():
-        assert total == pytest.approx(sum(start.get(name, 0.0) for start in printed), abs=0.2), name
+    per_start = record["per_start"]
+    assert record["starts"] == 3 and [start["end"] for start in per_start] == ["preempted", "preempted", "finished"]
+    # Each start records the step it stopped at; SIGTERM checkpoints there, so the next start resumes
+    # from it and no step is trained twice.
+    assert [start["furthest_step"] for start in per_start] == [*stopped, 400]
+    assert [start["initial_step"] for start in per_start] == [0, *resumed] == [0, *stopped]
+    assert record["repeated_steps"] == 0 and "steps repeated" not in logs[2]
+    assert_sums_of_the_starts(record)
+    assert "calibration" in per_start[0]["phase_seconds"]
+    assert not any("calibration" in start["phase_seconds"] for start in per_start[1:])
+    for entry, start in zip(per_start, starts):
+        # Each entry is its own start's: what that start printed as its "timings: " line...
+        printed = timings(start.text)
+        assert set(entry["phase_seconds"]) == set(printed)
+        assert entry["phase_seconds"] == pytest.approx(printed, abs=0.2)
+        # ... and as long as the test saw it run.
+        assert_the_test_clock_agrees(entry, start, "timings: ")
     assert "goodput: " in logs[2] and "over 3 starts" in logs[2]
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("-400")
+
+
+@pytest.mark.slow
+def test_a_start_killed_without_notice_still_counts(data_dir, tmp_path):
+    """SIGKILL leaves no checkpoint and no last word: the killed start's entry (written at each log
+    line) still counts, and the steps it trained after its last checkpoint are repeated by the next."""
+    checkpoint_every, log_every = 32, 4
+    command = interruptible_run(
+        data_dir,
+        tmp_path,
+        "train.steps_per_execution=4",
+        f"train.log_every={log_every}",
+        f"train.checkpoint_every={checkpoint_every}",
+        "train.total_steps=96",
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
+    killed_after = []
+
+    def sigkill_past_a_checkpoint(line: str, process) -> bool:
+        # A start records its progress just after each log line: once the second line after a
+        # checkpoint is out, the step of the first is recorded. The next checkpoint is 6 executions on.
+        step = logged_step(line)
+        if step and step > checkpoint_every and step % checkpoint_every == 2 * log_every:
+            process.kill()
+            killed_after.append(step)
+            return True
+        return False
+
+    killed = run_start(command, env, sigkill_past_a_checkpoint)
+    assert killed.status == -signal.SIGKILL, killed.text
+    finished = run_start(command, env)
+    assert finished.status == 0, finished.text
+    resumed = step_in(finished.text, "resumed from step")
+
+    record = json.loads((tmp_path / "metrics.json").read_text())["goodput"]
+    first, second = record["per_start"]
+    assert record["starts"] == 2 and (first["end"], second["end"]) == ("running", "finished")
+    assert first["initial_step"] == 0 and first["furthest_step"] >= killed_after[0] - log_every
+    assert resumed >= checkpoint_every and resumed % checkpoint_every == 0  # a checkpoint's step
+    assert second["initial_step"] == resumed and second["furthest_step"] == 96
+    assert record["repeated_steps"] == first["furthest_step"] - resumed > 0
+    assert f"{record['repeated_steps']} steps repeated after restarts" in finished.text
+    # The killed start's time counts: in the sums, as long as the test saw it run up to its last
+    # record, and its training time on the repeated steps is not productive.
+    assert_sums_of_the_starts(record)
+    assert_the_test_clock_agrees(first, killed, f"step {first['furthest_step']:6d}/")
+    assert_the_test_clock_agrees(second, finished, "timings: ")
+    assert first["phase_seconds"]["training"] > 0
+    assert record["productive_seconds"] < record["phase_seconds"]["training"]
 
 
 @pytest.mark.slow  # three training processes

@@ -1,12 +1,15 @@
 """The language model's own promises, beyond the shared contract (test_contract.py): packing keeps
-every token exactly once, attention is causal and never crosses a packed document, the export
-scores as the trained model does, greedy generation is deterministic, and the objective and the
-unigram baseline are token-weighted as documented."""
+every token exactly once, in the stable order of the documents' sources; attention is causal and
+never crosses a packed document; the export scores as the trained model does and generates what its
+`predict:` keys say (greedy: the argmax of the model's logits on the growing window, which shifts
+left once full; sampling: within the top k, reproducible by its seed); the objective and the unigram
+baseline are token-weighted as documented."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -15,12 +18,12 @@ import tensorflow as tf
 
 from conftest import finished_run_of, selected, task_sample
 from {{ cookiecutter.package }}.core import config, input_pipeline
-from {{ cookiecutter.package }} import predict, tasks
+from {{ cookiecutter.package }} import predict, tasks, train
 from {{ cookiecutter.package }}.core import preprocessing
 from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.core.task import RawExample
 from {{ cookiecutter.package }}.tasks.language_model import TASK, generate, packing
-from {{ cookiecutter.package }}.tasks.language_model.config import LanguageModelConfig
+from {{ cookiecutter.package }}.tasks.language_model.config import LanguageModelConfig, LanguageModelPredictConfig
 from {{ cookiecutter.package }}.tasks.language_model.model import build_model
 from {{ cookiecutter.package }}.tasks.language_model.objective import TokenMetric, unigram_perplexity
 from {{ cookiecutter.package }}.tasks.text import tokenizer
@@ -92,6 +95,46 @@ def test_packing_loses_and_duplicates_no_token(sample):
         assert packed["documents"] == sum(expected[split].values())
         assert packed["tokens"] == sum(len(document) for document in expected[split].elements()) - len(files)
         assert packed["windows"] == manifest["splits"][split]["num_examples"]
+
+
+def documents_of_shard(path) -> list[tuple[int, ...]]:
+    """A shard's documents (with their end-of-document id), in the order its windows hold them."""
+    windows = [packing.columns_of(record.numpy()) for record in tf.data.TFRecordDataset(path)]
+    stream = [windows[0]["inputs"][0], *(token for window in windows for token in window["targets"] if token)]
+    documents, current = [], []
+    for token in stream:
+        current.append(token)
+        if token == tokenizer.EOS_ID:
+            documents.append(tuple(current))
+            current = []
+    return documents
+
+
+def test_a_shard_packs_its_documents_in_the_stable_order_of_their_sources(sample):
+    """The language model's counterpart of test_preprocess's check that a classifier's shard is no
+    run of one label: each shard holds the documents whose source hashes to it, in the order of
+    their sources' order hash (preprocessing.order_key), not of their sorted paths."""
+    raw, data = sample
+    manifest = json.loads((data / "manifest.json").read_text())
+    model_bytes = (data / manifest["tokenizer"]["file"]).read_bytes()
+    tokens_of, sources_of = {}, {"train": [], "eval": []}
+    for unit in TASK.list_raw(str(raw)).units:
+        for item in TASK.read_raw(unit, (raw / unit).read_bytes()):
+            if isinstance(item, RawExample):
+                tokens_of[item.source] = (*tokenizer.tokenize(model_bytes, item.payload), tokenizer.EOS_ID)
+                sources_of[item.split or preprocessing.split_of(item.source, manifest["eval_fraction"])].append(
+                    item.source
+                )
+    reordered = shards = 0
+    for split, sources in sources_of.items():
+        files, _ = input_pipeline.split_files(str(data), manifest, split)
+        shards += len(files)
+        for shard, path in enumerate(files):
+            mine = [source for source in sources if preprocessing.shard_of(source, len(files)) == shard]
+            expected = [tokens_of[source] for source in sorted(mine, key=preprocessing.order_key)]
+            assert documents_of_shard(path) == expected, path
+            reordered += expected != [tokens_of[source] for source in sorted(mine)]
+    assert reordered == shards  # no shard is in the order of its sorted paths
 
 
 def test_segments_and_positions_restart_at_each_document():
@@ -185,19 +228,32 @@ def test_unigram_perplexity_is_add_one_smoothed_on_the_train_counts():
     assert unigram_perplexity({3: 1, 4: 3}, {3: 2}, vocab_size=4) == pytest.approx(4.0)
     # a token unseen in train still has a probability: 1 / (4 + 4)
     assert unigram_perplexity({3: 1, 4: 3}, {5: 1}, vocab_size=4) == pytest.approx(8.0)
+    # train 3 3 4 5 3 over 6 ids: p(3) = 4/11, p(4) = 2/11, p(6) = 1/11; eval 3 4 6:
+    # (11/4 * 11/2 * 11/1) ** (1/3) = 11/2
+    train, evaluation = Counter([3, 3, 4, 5, 3]), Counter([3, 4, 6])
+    assert unigram_perplexity(train, evaluation, vocab_size=6) == pytest.approx(5.5)
 
 
 def test_the_manifest_reports_the_unigram_baseline_of_the_eval_split(sample):
+    """Recomputed from the documents (tokenized here, not read back from the shards or the pack
+    statistics) by the formula: p(id) = (its train count + 1) / (train targets + vocabulary), the
+    perplexity exp(-mean log p) over the eval targets. A target is every token of a shard's stream
+    but its first."""
     raw, data = sample
     manifest = json.loads((data / "manifest.json").read_text())
+    documents = documents_by_split(raw, manifest, data)
     counts = {}
     for split in ("train", "eval"):
-        counts[split] = Counter(
-            token for window in windows_of(data, manifest, split) for token in window["targets"] if token
-        )
-    expected = unigram_perplexity(counts["train"], counts["eval"], manifest["vocab_size"])
-    assert manifest["unigram_perplexity"] == pytest.approx(expected, rel=1e-4)
-    assert 1 < manifest["unigram_perplexity"] < manifest["vocab_size"] + 1
+        counts[split] = Counter(token for document in documents[split].elements() for token in document)
+        files, _ = input_pipeline.split_files(str(data), manifest, split)
+        for path in files:
+            first = next(iter(tf.data.TFRecordDataset(path)))
+            counts[split][packing.columns_of(first.numpy())["inputs"][0]] -= 1
+    train_total, vocab_size = sum(counts["train"].values()), manifest["vocab_size"]
+    assert train_total == manifest["packing"]["train"]["tokens"]
+    log_p = [math.log((counts["train"][token] + 1) / (train_total + vocab_size)) for token in counts["eval"].elements()]
+    assert len(log_p) == manifest["packing"]["eval"]["tokens"]
+    assert manifest["unigram_perplexity"] == pytest.approx(math.exp(-sum(log_p) / len(log_p)), rel=1e-5)
 
 
 @pytest.fixture
@@ -233,14 +289,148 @@ def test_the_export_scores_as_the_trained_model(lm_run, sample, tmp_path):
     assert served["tokens"].shape == (len(windows), cfg.predict.max_new_tokens)
 
 
-def test_greedy_generation_is_deterministic(lm_run, sample, tmp_path):
-    _, output, _, _ = lm_run
-    raw, _ = sample
+def logits_before_each(model, prompt, generated, seq_len, vocab_size) -> np.ndarray:
+    """float [len(generated), vocab_size]: the model's logits at the last token of the window each
+    generated token followed (the last seq_len tokens of the prompt and the tokens generated before
+    it), one window at a time as generation runs them; padding and the unknown piece at -inf (never
+    chosen). Derived here from generate.py's docstring, not from its code."""
+    tokens, rows = list(prompt) or [tokenizer.EOS_ID], []
+    for token in generated:
+        window = tokens[-seq_len:]
+        padding = [0] * (seq_len - len(window))
+        logits = np.array(
+            logits_of(model, window + padding, [1] * len(window) + padding, list(range(len(window))) + padding)
+        )
+        row = logits[len(window) - 1, :vocab_size].astype(np.float64)
+        row[[tokenizer.PAD_ID, tokenizer.UNK_ID]] = -np.inf
+        rows.append(row)
+        tokens.append(token)
+    return np.array(rows)
+
+
+def ranks(logits: np.ndarray, generated) -> list[int]:
+    """Each generated token's rank among its step's logits (0: the likeliest), ties within 1e-3 (the
+    export's graph and a call of its model may round differently) counted in the token's favour."""
+    return [int((row > row[token] + 1e-3).sum()) for row, token in zip(logits, generated)]
+
+
+def served_tokens(serve, prompts, seq_len) -> list[list[int]]:
+    ids, lengths = zip(*(generate.prompt_window(prompt, seq_len) for prompt in prompts))
+    served = serve(ids=tf.constant(ids, tf.int32), lengths=tf.constant(lengths, tf.int32))
+    return served["tokens"].numpy().tolist()
+
+
+def eval_prompts(data, manifest) -> list[list[int]]:
+    """Prompts cut from the eval stream: one token, part of a window, one token short of a full window,
+    a full window, and more than a window (generation keeps its end)."""
+    seq_len = manifest["seq_len"]
+    files, _ = input_pipeline.split_files(str(data), manifest, "eval")
+    windows = [packing.columns_of(record.numpy()) for record in tf.data.TFRecordDataset(files[0])]
+    stream = [token for window in windows[:2] for token in window["inputs"]]  # both full: a shard's stream
+    return [stream[:length] for length in (1, 9, seq_len - 1, seq_len, seq_len + 13)]
+
+
+def test_greedy_generation_picks_the_argmax_of_the_exported_model(lm_run, sample, tmp_path):
+    """Each token the export generates (temperature 0) is the likeliest of the exported model's
+    logits after the prompt and the tokens before it, recomputed here one window at a time, also once
+    the window is full and shifts left; `predict` prints the text prompts' tokens decoded, up to the
+    first end-of-document id."""
+    cfg, output, _, _ = lm_run
+    raw, data = sample
+    serve, manifest, export_dir = predict.load_export(str(output))
+    model = tf.saved_model.load(export_dir)  # the exported Keras model: {inputs, segment_ids, positions} -> logits
+    seq_len, vocab_size, count = manifest["seq_len"], manifest["vocab_size"], cfg.predict.max_new_tokens
+    assert cfg.predict.temperature == 0
     inputs = TASK.testing().predict_inputs(raw, tmp_path)
-    first = predict.predict(str(output), inputs)
-    assert predict.predict(str(output), inputs) == first
-    assert len(first) == 2 and all(isinstance(fields["continuation"], str) for _, fields in first)
+    _, batch = TASK.predict_inputs(inputs, export_dir, manifest)
+    text_prompts = [ids[:length] for ids, length in zip(batch["ids"].tolist(), batch["lengths"].tolist())]
+    text_tokens = served_tokens(serve, text_prompts, seq_len)  # the batch predict serves
+    prompts = eval_prompts(data, manifest)
+    tokens = served_tokens(serve, prompts, seq_len)
+    assert [len(row) for row in text_tokens + tokens] == [count] * (len(text_prompts) + len(prompts))
+    for prompt, row in zip(text_prompts + prompts, text_tokens + tokens):
+        assert ranks(logits_before_each(model, prompt, row, seq_len, vocab_size), row) == [0] * count, (prompt, row)
+
+    processor = tokenizer.processor((data / manifest["tokenizer"]["file"]).read_bytes())
+    printed = predict.predict(str(output), inputs)
+    assert len(printed) == len(text_tokens)
+    for (_, fields), row in zip(printed, text_tokens):
+        ended = tokenizer.EOS_ID in row
+        kept = row[: row.index(tokenizer.EOS_ID)] if ended else row
+        assert fields["continuation"] == processor.DecodeIds(kept) + (" <end>" if ended else "")
     assert tasks.current().name == NAME
+
+
+def test_a_rerun_of_a_finished_run_exports_again_with_new_predict_keys(lm_run, sample, tmp_path, capsys):
+    """`make train ARGS=predict.max_new_tokens=6` on a finished run (config.py's promise) trains
+    nothing and writes the export again, generating as the new keys say: 6 tokens each, sampled (not
+    the greedy ones) among the 5 likeliest."""
+    _, shared, _, _ = lm_run
+    _, data = sample
+    output = tmp_path / "run"
+    shutil.copytree(shared, output)  # the shared run and its export stay as trained for the other tests
+    keys = ["predict.max_new_tokens=6", "predict.temperature=3.0", "predict.top_k=5", "predict.seed=7"]
+    assert train.main(["--config", str(output / "config.yaml"), f"runtime.output_dir={output}", *keys]) == 0
+    assert "resumed from step 48" in capsys.readouterr().out
+    serve, manifest, export_dir = predict.load_export(str(output))
+    model = tf.saved_model.load(export_dir)
+    prompts = eval_prompts(data, manifest)
+    tokens = served_tokens(serve, prompts, manifest["seq_len"])
+    assert [len(row) for row in tokens] == [6] * len(prompts)
+    found = [
+        ranks(logits_before_each(model, prompt, row, manifest["seq_len"], manifest["vocab_size"]), row)
+        for prompt, row in zip(prompts, tokens)
+    ]
+    assert max(max(row) for row in found) < 5, found
+    assert sum(rank > 0 for row in found for rank in row) >= 5, found  # sampled, not the argmax
+
+
+# Prompts for the tiny model: one token, part of the window, one that fills up while generating, a
+# full window and more than a window.
+PROMPTS = [np.random.default_rng(2).integers(3, VOCAB, length).tolist() for length in (1, 5, 12, 16, 30)]
+NEW_TOKENS = 8
+
+
+def tiny_sampler(model, **settings):
+    """The serving function the export of `model` would have with these `predict.*` keys: prompts -> tokens."""
+    keys = LanguageModelPredictConfig(max_new_tokens=NEW_TOKENS, **settings)
+    serve = TASK.serving_signature(model, {"seq_len": SEQ_LEN, "vocab_size": VOCAB}, keys)
+    return lambda prompts: served_tokens(serve, prompts, SEQ_LEN)
+
+
+def test_greedy_generation_shifts_a_full_window_left(tiny_model):
+    """An untrained model's argmax changes with every token it reads (unlike the trained one, which
+    mostly repeats a few likely pieces): a prompt that fills the window, or more, still gets all its
+    tokens, each the argmax after the window dropped its first token."""
+    tokens = tiny_sampler(tiny_model, temperature=0.0)(PROMPTS)
+    assert [len(row) for row in tokens] == [NEW_TOKENS] * len(PROMPTS)
+    for prompt, row in zip(PROMPTS, tokens):
+        assert ranks(logits_before_each(tiny_model, prompt, row, SEQ_LEN, VOCAB), row) == [0] * NEW_TOKENS, prompt
+    assert len({token for row in tokens for token in row}) > 3  # not one token over and over
+
+
+def test_top_k_1_samples_the_greedy_tokens_at_any_temperature(tiny_model):
+    greedy = tiny_sampler(tiny_model, temperature=0.0)(PROMPTS)
+    for temperature, seed in ((0.5, 0), (50.0, 2)):
+        assert tiny_sampler(tiny_model, temperature=temperature, top_k=1, seed=seed)(PROMPTS) == greedy, temperature
+    # what top_k=1 holds back: the same temperature and seed over all tokens
+    assert tiny_sampler(tiny_model, temperature=50.0, seed=2)(PROMPTS) != greedy
+
+
+def test_sampling_keeps_to_the_top_k_and_follows_its_seed(tiny_model):
+    """Sampled tokens are among the k likeliest of their step; the same seed gives each prompt the
+    same continuation (in another serving function, whichever prompts share its batch), another
+    seed another one."""
+    first = tiny_sampler(tiny_model, temperature=2.0, top_k=8, seed=0)(PROMPTS)
+    found = [ranks(logits_before_each(tiny_model, p, row, SEQ_LEN, VOCAB), row) for p, row in zip(PROMPTS, first)]
+    assert max(max(row) for row in found) < 8, found
+    assert sum(rank > 0 for row in found for rank in row) > NEW_TOKENS, found  # sampled, not the argmax
+    again = tiny_sampler(tiny_model, temperature=2.0, top_k=8, seed=0)
+    assert again(PROMPTS) == first
+    assert again(PROMPTS[::-1]) == first[::-1]
+    assert again(PROMPTS[2:3]) == first[2:3]
+    other = tiny_sampler(tiny_model, temperature=2.0, top_k=8, seed=1)(PROMPTS)
+    assert all(mine != theirs for mine, theirs in zip(first, other)), (first, other)
 
 
 def test_a_window_needs_two_tokens(lm):

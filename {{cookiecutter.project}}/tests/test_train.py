@@ -181,9 +181,9 @@ def test_auto_steps_per_execution_is_measured(data_dir, tmp_path):
     chosen, measurements = trainer.choose_steps_per_execution(cfg, resolved, manifest)
     assert [m.steps_per_execution for m in measurements] == steps_per_execution.candidates(16) == [1, 4, 16]
     assert all(m.steps_per_second > 0 for m in measurements)
-    best = max(m.steps_per_second for m in measurements)
-    assert isinstance(chosen, int)
-    assert next(m for m in measurements if m.steps_per_execution == chosen).steps_per_second >= 0.95 * best
+    # The value trained with is the one choose() makes of these measurements (choose's own rule is
+    # tested with known rates in test_startup.py).
+    assert chosen == steps_per_execution.choose(measurements).steps_per_execution
 
 
 def test_calibration_picks_the_largest_value_near_the_fastest():

@@ -141,8 +141,9 @@ def calibrate(
         model.steps_per_execution.assign(value)
         timings[value] = [_rate(train_function, iterator, value, min_seconds)]
         if max_seconds_per_execution:
-            # Steps that fit in the time bound, at the latest (most amortised) measured rate.
-            cap = min(cap, max(1, int(max_seconds_per_execution * timings[value][0])))
+            # Steps that fit in the time bound, at the latest (most amortised) measured rate: a larger
+            # candidate runs at least as fast per step, so its execution takes at most this long.
+            cap = min(limit, max(1, int(max_seconds_per_execution * timings[value][0])))
     for _ in range(rounds - 1):
         for value in tried:
             model.steps_per_execution.assign(value)
@@ -211,15 +212,27 @@ def record(key: dict, chosen: Measurement, measurements: list[Measurement]) -> d
 
 
 def read_cache(path: str, key: dict) -> dict | None:
-    """The stored record for `key`, or None (absent, unreadable or for another setting)."""
+    """The stored record for `key`, or None: absent, or unreadable or for another setting, which one
+    line says (the caller then measures again and overwrites the file)."""
     try:
         if not tf.io.gfile.exists(path):
             return None
         with tf.io.gfile.GFile(path) as handle:
             stored = json.load(handle)
-    except (tf.errors.OpError, ValueError):
-        return None
-    return stored if isinstance(stored, dict) and stored.get("setting") == key else None
+    except tf.errors.OpError as error:
+        return _ignored(path, f"it cannot be read ({type(error).__name__})")
+    except ValueError:  # also bytes that are not UTF-8
+        return _ignored(path, "not valid JSON")
+    if not isinstance(stored, dict) or not isinstance(stored.get("steps_per_execution"), int):
+        return _ignored(path, "not a calibration record")
+    if stored.get("setting") != key:
+        return _ignored(path, "it holds another setting's calibration")
+    return stored
+
+
+def _ignored(path: str, why: str) -> None:
+    print(f"note: ignoring the steps_per_execution cache {path}: {why}; measuring again", flush=True)
+    return None
 
 
 def write_cache(path: str, stored: dict) -> None:

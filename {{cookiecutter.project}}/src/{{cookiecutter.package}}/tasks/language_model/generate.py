@@ -4,7 +4,9 @@ Shapes stay static, as a TPU server needs: the prompt sits in a window of `seq_l
 `seq_len` when longer) and every step runs the whole window through the model, reads the logits at
 the last real position and writes the chosen token after it; a full window shifts left by one.
 Greedy (temperature 0) picks the likeliest token; otherwise it samples from the softmax of
-logits / temperature, among the `top_k` likeliest when top_k > 0, with a fixed seed.
+logits / temperature, among the `top_k` likeliest when top_k > 0, with a fixed seed. A row's draw
+depends only on its own logits, the seed and the step, so a prompt's continuation is the same
+whichever other prompts share its batch.
 
 A production decoder would keep a KV cache (each step attends the new token to the stored keys and
 values of the earlier ones instead of recomputing the window) and stop a row at its end-of-document
@@ -50,8 +52,18 @@ def choose(logits, step, temperature: float, top_k: int, seed: int):
     if top_k > 0:
         kth = tf.math.top_k(logits, k=min(top_k, logits.shape[-1])).values[:, -1:]
         logits = tf.where(logits < kth, tf.float32.min, logits)
-    drawn = tf.random.stateless_categorical(logits / temperature, 1, seed=tf.stack([seed, step]), dtype=tf.int32)
-    return drawn[:, 0]
+    # Gumbel-max: the argmax of logits / temperature plus Gumbel noise is a draw from their softmax.
+    # One noise vector per step, shared by the rows (tf.random.stateless_categorical would draw each
+    # row's noise by its index in the batch, so a prompt's continuation would change with the
+    # prompts before it).
+    uniform = tf.random.stateless_uniform(
+        tf.shape(logits)[-1:],
+        seed=tf.stack([seed, step]),
+        minval=1e-30,
+        maxval=1.0,  # above 0: log(0) is -inf
+    )
+    gumbel = -tf.math.log(-tf.math.log(uniform))
+    return tf.argmax(logits / temperature + gumbel[None, :], axis=-1, output_type=tf.int32)
 
 
 def generate(
