@@ -258,7 +258,15 @@ def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
     changed = {line[3:] for line in status}
     allowed = (f"src/reg_lab/tasks/{name}/", f"configs/{name}/", f"tests/test_task_{name}.py")
     assert changed and all(path.startswith(allowed) for path in changed), changed
-    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider",
                             f"tests/test_task_{name}.py", "tests/test_contract.py", "-k", name],
                            cwd=project, env=project_env(), capture_output=True, text=True, timeout=1800)
-    assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout[-6000:] + tests.stderr[-3000:]
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    # The contract ran on the new task: `-k` alone would pass if the contract tests stopped finding it.
+    passed = set(re.findall(rf"tests/test_contract.py::(\w+)\[{name}\] PASSED", tests.stdout))
+    assert {
+        "test_parsed_batches_have_static_shapes_and_encoding_is_deterministic",
+        "test_broken_inputs_are_rejected_and_listed",
+        "test_training_moves_the_headline_metric_the_right_way",
+        "test_the_export_alone_predicts",
+    } <= passed, tests.stdout[-6000:]

@@ -281,7 +281,6 @@ def test_tpu_vm_detection_can_be_forced():
     assert on_tpu_vm("0") == "0"
 
 
-@pytest.mark.skipif(not (ROOT / "Makefile").exists(), reason="CONFIG is chosen in the project's Makefile")
 @pytest.mark.parametrize(
     "device_files, tpu_type, expected",
     [
