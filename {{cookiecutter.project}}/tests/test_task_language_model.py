@@ -82,14 +82,7 @@ def test_packing_loses_and_duplicates_no_token(sample):
                     assert stream[-1] == inputs[0]
                     stream.pop()
                 stream += inputs + [window["targets"][real[-1]]]
-            documents, current = [], []
-            for token in stream:
-                current.append(token)
-                if token == tokenizer.EOS_ID:
-                    documents.append(tuple(current))
-                    current = []
-            assert current == []
-            found.update(documents)
+            found.update(documents_in(stream, whole=True))
         assert found == expected[split], split
         packed = manifest["packing"][split]
         assert packed["documents"] == sum(expected[split].values())
@@ -101,12 +94,19 @@ def documents_of_shard(path) -> list[tuple[int, ...]]:
     """A shard's documents (with their end-of-document id), in the order its windows hold them."""
     windows = [packing.columns_of(record.numpy()) for record in tf.data.TFRecordDataset(path)]
     stream = [windows[0]["inputs"][0], *(token for window in windows for token in window["targets"] if token)]
+    return documents_in(stream)
+
+
+def documents_in(stream: list[int], whole: bool = False) -> list[tuple[int, ...]]:
+    """The documents of a token stream, each ending with its end-of-document id; `whole`: the stream
+    must end with one (no document cut off)."""
     documents, current = [], []
     for token in stream:
         current.append(token)
         if token == tokenizer.EOS_ID:
             documents.append(tuple(current))
             current = []
+    assert not (whole and current), current
     return documents
 
 
