@@ -26,8 +26,8 @@ EXPECTED_FILES = {
     # The library the commands share.
     *(f"src/{{package}}/core/{name}.py" for name in (
         "__init__", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_pipeline",
-        "keras", "model", "precision", "preemption", "preprocessing", "profiler", "run_dir", "schedule",
-        "steps_per_execution", "task", "topology", "trainer")),
+        "keras", "model", "native_logs", "precision", "preemption", "preprocessing", "profiler", "run_dir",
+        "schedule", "steps_per_execution", "task", "topology", "trainer")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/local.yaml", "configs/tpu.yaml",
@@ -35,7 +35,7 @@ EXPECTED_FILES = {
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
-        "test_input", "test_layout", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
+        "test_input", "test_layout", "test_new_task", "test_precision", "test_preprocess", "test_schedule", "test_startup", "test_tensorboard",
         "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.

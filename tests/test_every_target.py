@@ -29,11 +29,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VENV, bake, project_env, shared_venv_lock
+from conftest import TASKS, VENV, bake, project_env, shared_venv_lock
 
 pytestmark = pytest.mark.slow
 
 TRACEBACK = "Traceback (most recent call last)"
+# A TensorFlow C++ log line at ERROR or FATAL level ("2026-01-01 10:00:00.000000: E tensorflow/..." or
+# absl's "E0101 10:00:00.000000 ..."): on a CPU machine every one the project knows of is harmless
+# noise that it leaves out (native_logs.py), so any such line in a target's output is a finding.
+NATIVE_ERROR = re.compile(r"^(?:\d{4}-\d\d-\d\d [\d:.]+: [EF] |[EF]\d{4} [\d:.]+ +\d+ )", re.MULTILINE)
 # The one line a user-caused failure ends in: errors.run_cli and scripts/lib.sh print "error: ...";
 # make's own $(error ...) in tpu.mk prints "tpu.mk:NN: *** ...  Stop.".
 ONE_LINE_ERROR = re.compile(r"^(error: \S.*|\S+:\d+: \*\*\* .*Stop\.)$", re.MULTILINE)
@@ -153,6 +157,7 @@ def make(project: Path, target: str, *variables: str, timeout: int = 600) -> sub
     result.output = result.stdout + result.stderr
     result.shown = f"$ {' '.join(command)}  (exit {result.returncode})\n{result.output[-4000:]}"
     assert TRACEBACK not in result.output, result.shown
+    assert not NATIVE_ERROR.search(result.output), f"a TensorFlow error log line:\n{result.shown}"
     return result
 
 
@@ -367,31 +372,42 @@ def test_clean_removes_data_and_runs_and_keeps_the_project(fresh_project):
     assert sorted(str(path.relative_to(fresh_project)) for path in fresh_project.rglob("*") if path.is_file()) == kept
 
 
-def predict_inputs(project: Path) -> list[str]:
-    if json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]["task"] == "text_classification":
+def baked_task(project: Path) -> str:
+    return json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]["task"]
+
+
+def predict_inputs(project: Path) -> tuple[list[str], list[str]]:
+    """(the INPUT files for make predict, the names its lines end with, in order)."""
+    task = baked_task(project)
+    if task in ("text_classification", "language_model"):  # a line's name: FILE:LINE and the line's start
         (project / "texts.txt").write_text("a first text to classify\nand a second one\n")
-        return ["texts.txt"]
+        return ["texts.txt"], ["texts.txt:1", "texts.txt:2"]
     images = sorted(p for p in (project / "data/raw").rglob("*") if p.suffix in (".png", ".jpg", ".jpeg"))
-    return [str(path.relative_to(project)) for path in images[:2]]
+    inputs = [str(path.relative_to(project)) for path in images[:2]]
+    return inputs, inputs
+
+
+def check_predict(project: Path) -> None:
+    """One line per input, in order, the input's name last; the same inputs again give the same
+    lines. A classifier's line: a class of the run's export and its probability (printed to 3
+    decimals: at least an even share, as the likeliest class's must be, and at most 1). The language
+    model's: the continuation (greedy by default, so repeatable), then the prompt's name."""
+    inputs, names = predict_inputs(project)
+    output = succeeds(run_listed(project, "predict", f"INPUT={' '.join(inputs * 2)}"))
+    manifest = json.loads((project / "runs/local/export/assets.extra/manifest.json").read_text())
+    fields = 2 if baked_task(project) == "language_model" else 3
+    lines = [line for line in output.splitlines() if line.count("\t") == fields - 1]
+    rows = [line.split("\t") for line in lines]
+    assert [row[-1].split(" ")[0] for row in rows] == names * 2, output
+    if fields == 3:
+        even_share = 1 / len(manifest["label_names"]) - 0.0005
+        assert all(label in manifest["label_names"] and even_share <= float(probability) <= 1
+                   for label, probability, _ in rows), output
+    assert lines[len(lines) // 2 :] == lines[: len(lines) // 2], output
 
 
 def test_predict_answers_for_each_input_from_the_small_run(small_run):
-    """One line per input, in order: a class of the run's export, its probability (printed to 3
-    decimals: at least an even share, as the likeliest class's must be, and at most 1), the input's
-    name; the same inputs again give the same lines."""
-    inputs = predict_inputs(small_run)
-    output = succeeds(run_listed(small_run, "predict", f"INPUT={' '.join(inputs * 2)}"))
-    labels = json.loads((small_run / "runs/local/export/assets.extra/manifest.json").read_text())["label_names"]
-    lines = [line for line in output.splitlines() if line.count("\t") == 2]
-    rows = [line.split("\t") for line in lines]
-    if (small_run / inputs[0]).suffix == ".txt":  # a line's name: FILE:LINE and the line's start
-        names = [f"{Path(path).name}:{number}" for path in inputs for number in (1, 2)] * 2
-    else:
-        names = inputs * 2
-    assert [name.split(" ")[0] for _, _, name in rows] == names, output
-    even_share = 1 / len(labels) - 0.0005
-    assert all(label in labels and even_share <= float(probability) <= 1 for label, probability, _ in rows), output
-    assert lines[len(lines) // 2 :] == lines[: len(lines) // 2], output
+    check_predict(small_run)
 
 
 def check_tensorboard_shows_the_run(port: int) -> None:
@@ -412,12 +428,12 @@ def test_tensorboard_shows_the_small_run(small_run):
 ON_THE_SMALL_RUN = [target for target, plan in TARGETS.items() if "after" in plan and target not in SMALL_RUN_TARGETS]
 
 
-@pytest.mark.parametrize("target", ON_THE_SMALL_RUN)
-def test_on_the_small_run_each_target_works(small_run, target):
-    result = run_listed(small_run, target, *TARGETS[target]["after"])
+def check_target_works(project: Path, target: str) -> None:
+    """Runs an "after" plan on a finished small run; it succeeds and prints what it is for."""
+    result = run_listed(project, target, *TARGETS[target]["after"])
     output = succeeds(result)
     if target == "eval":  # the small run's 20 steps, evaluated on the eval split
-        assert re.search(r"^eval \S+ \d\.\d{4}, .* on \d+ examples at step 20 -> ", output, re.MULTILINE), output
+        assert re.search(r"^eval \S+ \d+\.\d{4}, .* on \d+ examples at step 20 -> ", output, re.MULTILINE), output
     if target.startswith("bench"):
         last_line = result.stdout.strip().splitlines()[-1]  # the figures as JSON, after the logs
         figures = json.loads(last_line)
@@ -429,6 +445,30 @@ def test_on_the_small_run_each_target_works(small_run, target):
     if "DRY_RUN=1" in TARGETS[target]["after"]:
         assert not re.search(r"^\+ ", output, re.MULTILINE), f"make {target} DRY_RUN=1 ran something:\n{output}"
         assert re.search(DRY_RUN_COMMANDS[target], output, re.MULTILINE), f"make {target}: not its command:\n{output}"
+
+
+@pytest.mark.parametrize("target", ON_THE_SMALL_RUN)
+def test_on_the_small_run_each_target_works(small_run, target):
+    check_target_works(small_run, target)
+
+
+# The tasks other than the default bake's (image_classification, which the tests above run).
+OTHER_TASKS = [task for task in TASKS if task != "image_classification"]
+
+
+@pytest.mark.parametrize("task", OTHER_TASKS)
+def test_each_other_tasks_bake_runs_its_targets(set_up, tmp_path, task):
+    """A bake of each other task, walked the same way in one test (one small run per task, not one
+    per worker): the small run, then every "after" plan on it, predict included. TensorBoard and an
+    on-demand profile are left to the default bake: they read the run's logs, which every task
+    writes through the same callbacks."""
+    project = bake(tmp_path, task=task, **ANSWERS)
+    for target in SMALL_RUN_TARGETS:
+        succeeds(run_listed(project, target, *TARGETS[target]["after"]))
+    assert json.loads((project / "runs/local/metrics.json").read_text())["global_step"] == 20
+    check_predict(project)
+    for target in ON_THE_SMALL_RUN:
+        check_target_works(project, target)
 
 
 def test_profile_captures_from_a_training_job(small_run):

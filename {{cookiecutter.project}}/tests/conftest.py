@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -34,9 +35,23 @@ MODEL_OVERRIDES = tuple(item for item in TESTING.overrides if not item.startswit
 SAMPLE_BROKEN = TESTING.rejected
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shuffle",
+        type=int,
+        metavar="SEED",
+        default=None,
+        help="run the tests in an order shuffled with SEED (each test must pass after any other)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (make test), the tests that share one training run stay on one worker, so
+    """--shuffle=SEED: the collected tests in a seeded random order (the same on every xdist worker).
+    With pytest-xdist (make test), the tests that share one training run stay on one worker, so
     that the run happens once."""
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

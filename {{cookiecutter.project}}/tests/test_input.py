@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import PROJECT
 
-from {{ cookiecutter.package }}.core import config, distribute, input_pipeline
+from {{ cookiecutter.package }}.core import config, distribute, input_pipeline, native_logs
 from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core.errors import UserError
 
@@ -186,3 +186,22 @@ def test_a_cpu_machine_starts_without_the_cuda_probes_error_line():
     done = subprocess.run([sys.executable, "-c", quiet], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "listed ['CPU']" in done.stdout, done.stderr
     assert "cuInit" not in done.stderr and done.stderr.endswith("kept\n"), done.stderr
+
+
+def test_without_lines_leaves_out_only_the_matching_native_lines(capfd):
+    """What C++ code writes to file descriptor 2 inside the block comes back in order at its end,
+    without the lines the pattern matches, also when the block raises."""
+    pattern = re.compile(r"oneDNN supports DT_INT32")
+    lines = [
+        "E first: kept\n",
+        "E oneDNN supports DT_INT32 only on platforms with AVX-512. Falling back\n",
+        "W second: kept\n",
+        "no newline at the end, kept",
+    ]
+    with pytest.raises(KeyError), native_logs.without_lines(pattern):
+        for line in lines:
+            os.write(2, line.encode())
+        raise KeyError("the block's error still propagates")
+    assert capfd.readouterr().err == "".join([lines[0], lines[2], lines[3]])
+    os.write(2, b"E oneDNN supports DT_INT32 after the block: shown\n")
+    assert capfd.readouterr().err == "E oneDNN supports DT_INT32 after the block: shown\n"

@@ -297,6 +297,58 @@ def test_a_cache_file_that_cannot_serve_is_measured_again_and_said_once(tmp_path
         assert printed == [f"note: ignoring the steps_per_execution cache {path}: {why}; measuring again"], content
 
 
+def test_a_start_takes_its_own_record_then_the_cache_unless_fresh_finished_or_fixed(tmp_path, capsys):
+    """decide()'s order, what every start of train() asks: the run's own metrics.json (a resume),
+    then the cache (a rerun, a new run directory), else a measurement; auto:fresh always measures;
+    a finished run compiles 1 and measures nothing; a fixed value is taken as it is."""
+    cfg, target, _ = a_setting(f"runtime.cache_dir={tmp_path}")
+    key = spe_lib.setting(cfg, target, cfg.runtime.mixed_precision)
+    measured = [
+        spe_lib.Measurement(1, 10.0, [10.0]),
+        spe_lib.Measurement(4, 30.0, [30.0]),
+        spe_lib.Measurement(16, 31.0, [31.0]),
+    ]
+    own = {"calibration": spe_lib.record(key, measured[2], measured)}  # chose 16
+    spe_lib.write_cache(spe_lib.cache_path(str(tmp_path), key), spe_lib.record(key, measured[1], measured))  # chose 4
+
+    resumed = spe_lib.decide(cfg, target, own, finished=False)
+    assert (resumed.compiled, resumed.found_in, resumed.measure) == (16, "this run's metrics.json", False)
+    another_setting = {"calibration": spe_lib.record({**key, "replicas": 4}, measured[2], measured)}
+    for run_metrics in ({}, another_setting):  # a new run directory; a run record of another setting
+        rerun = spe_lib.decide(cfg, target, run_metrics, finished=False)
+        assert (rerun.compiled, rerun.measure) == (4, False) and rerun.found_in.startswith("the cache ")
+    fresh_cfg = edited(cfg, "train", "steps_per_execution", spe_lib.FRESH)
+    fresh = spe_lib.decide(fresh_cfg, target, own, finished=False)
+    assert fresh.measure and fresh.stored is None and fresh.compiled == max(2, spe_lib.limit(cfg.train))
+    finished = spe_lib.decide(cfg, target, own, finished=True)
+    assert (finished.compiled, finished.key, finished.measure) == (1, None, False)
+    fixed = spe_lib.decide(edited(cfg, "train", "steps_per_execution", 8), target, own, finished=False)
+    assert (fixed.compiled, fixed.key, fixed.measure) == (8, None, False)
+    assert capsys.readouterr().out == ""
+
+
+def test_the_calibration_cache_on_cloud_storage(gcs_bucket, capsys):
+    """runtime.cache_dir on gs:// (a Pod's workers share it): written, found by the next start, and a
+    broken object there is said once and measured again."""
+    directory = gcs_bucket.path("cache")
+    cfg, target, _ = a_setting(f"runtime.cache_dir={directory}")
+    key = spe_lib.setting(cfg, target, cfg.runtime.mixed_precision)
+    path = spe_lib.cache_path(directory, key)
+    assert path.startswith(f"{directory}/steps_per_execution/")
+    assert spe_lib.decide(cfg, target, {}, finished=False).measure
+    measured = [spe_lib.Measurement(1, 10.0, [10.0]), spe_lib.Measurement(4, 30.0, [30.0])]
+    spe_lib.write_cache(path, spe_lib.record(key, measured[1], measured))
+    found = spe_lib.decide(cfg, target, {}, finished=False)
+    assert (found.compiled, found.measure, found.found_in) == (4, False, f"the cache {path}")
+    with tf.io.gfile.GFile(path, "w") as handle:
+        handle.write("{not json")
+    again = spe_lib.decide(cfg, target, {}, finished=False)
+    assert again.measure and capsys.readouterr().out.splitlines() == [
+        f"note: ignoring the steps_per_execution cache {path}: not valid JSON; measuring again"
+    ]
+    assert gcs_bucket.blocked_requests() == []
+
+
 # ----------------------------------------------------------------------------- goodput
 
 

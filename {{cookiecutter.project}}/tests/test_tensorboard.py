@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,15 @@ def listening_addresses(port: int) -> set[str]:
             if state == LISTEN and int(hex_port, 16) == port:
                 found.add(address)
     return found
+
+
+def answers(port: int) -> bool:
+    """Whether a server on 127.0.0.1:`port` answers an HTTP request."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugins_listing", timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 LOOPBACK_V4 = "0100007F"  # 127.0.0.1, little-endian
@@ -63,7 +73,12 @@ def test_tensorboard_listens_on_loopback_unless_bind_all(tmp_path, bind_all):
                 continue
             serving = SERVING.match(seen[-1])
             port = int(serving.group(1)) if serving else None
-        time.sleep(1)  # TensorBoard may open its IPv6 and IPv4 sockets one after the other
+        # TensorBoard binds every socket it serves on before its serving loop starts: once it answers
+        # a request, the table of listening sockets is complete.
+        while not answers(port):
+            assert server.poll() is None, f"make tensorboard exited:\n{''.join(seen)}"
+            assert time.monotonic() < deadline, f"no answer on port {port} within 180 s:\n{''.join(seen)}"
+            time.sleep(0.2)
         addresses = listening_addresses(port)
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -5,7 +5,7 @@ The 8-replica `model.fit` with steps_per_execution > 1 fed by `distribute_datase
 is exactly the setup that fails under Keras 3 on TF 2.20 (see keras.py): these tests catch it.
 """
 
-import itertools
+import contextlib
 import json
 import os
 import shutil
@@ -24,25 +24,22 @@ from {{ cookiecutter.package }}.core import config, distribute, schedule, profil
 from {{ cookiecutter.package }}.core.errors import UserError
 
 
-_PORTS = itertools.count()
-
-
-def free_port() -> int:
-    """A port for a server the test starts in another process (the profiler takes a number, not 0).
-    Below the kernel's ephemeral range (32768+ on Linux), so no port-0 socket can take it meanwhile,
-    and a block of its own per pytest-xdist worker, so parallel tests never share one."""
+@contextlib.contextmanager
+def held_port(shared: bool):
+    """A port that stays bound for the whole block, on every local address, so nothing else on the
+    machine (another pytest worker, another test run) can bind it or be handed it meanwhile.
+    shared=False: not listening, so a connection there is refused: "nothing listens there".
+    shared=True: with SO_REUSEPORT, which gRPC also sets, so the profiler server a test starts can
+    bind and listen there too (profiler.port_is_free counts such a port as free)."""
     import socket
 
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    for _ in range(100):
-        port = 20000 + 200 * worker + next(_PORTS) % 200
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:  # something else on the machine holds it: the next one
-                continue
-        return port
-    raise RuntimeError("no free port in this worker's block")
+    holder = socket.socket(socket.AF_INET6)
+    holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # 0.0.0.0 too
+    if shared:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    with holder:
+        holder.bind(("::", 0))
+        yield holder.getsockname()[1]
 
 
 def scalar_events(log_dir: Path) -> dict:
@@ -130,6 +127,26 @@ def test_auto_precision_says_what_it_chose_and_why(data_dir, tmp_path, capsys, m
     assert "precision float32 (auto: this CPU has" in printed and "bfloat16 would be emulated" in printed
     assert config.load(str(tmp_path / "config.yaml")).runtime.mixed_precision == "float32"
     assert metrics["mixed_precision"] == "float32"
+
+
+def test_auto_precision_trains_in_bfloat16_on_a_cpu_with_native_bfloat16(data_dir, tmp_path, capsys, monkeypatch):
+    """The other branch, end to end on any CPU: one whose flags say native bfloat16 (a Sapphire Rapids
+    here, simulated) trains in mixed_bfloat16, says so, records it, and its loss stays finite."""
+    from {{ cookiecutter.package }}.core import precision
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda path=precision.CPUINFO: {"avx2", "avx512f", "avx512_bf16"})
+    keras.mixed_precision.set_global_policy("float32")
+    cfg = tiny_config(data_dir, tmp_path, "train.total_steps=4", "train.warmup_steps=1")
+    assert cfg.runtime.mixed_precision == "auto"
+    metrics = trainer.train(cfg)
+    printed = capsys.readouterr().out
+    assert "precision bfloat16 (auto: this CPU has native bfloat16 (avx512_bf16))" in printed, printed
+    assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"  # what the model was built under
+    assert config.load(str(tmp_path / "config.yaml")).runtime.mixed_precision == "bfloat16"
+    assert metrics["mixed_precision"] == "bfloat16" and np.isfinite(metrics["loss"]) and metrics["global_step"] == 4
 
 
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
@@ -232,33 +249,35 @@ def test_sigterm_saves_and_a_restart_resumes_to_the_exact_end(data_dir, tmp_path
     """A preempted run (SIGTERM) checkpoints and exits; the same command then finishes the run.
     While it trains, a profile is captured on demand through its profiler port. 1000 steps: after
     the capture, far more than any machine runs before the signal lands."""
-    port = free_port()
-    command = train_command(data_dir, tmp_path, "train.total_steps=1000", f"runtime.profiler_port={port}")
-    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    output = []
-    for line in process.stdout:  # wait until training is under way
-        output.append(line)
-        if line.startswith("step "):
-            # On-demand profiling of the running job, as `make profile` does it.
-            assert (
-                capture_profile.main(["--port", str(port), "--duration_ms", "500", "--logdir", str(tmp_path / "logs")])
-                == 0
-            )
-            process.send_signal(signal.SIGTERM)
-            break
-    output += process.stdout.readlines()
-    assert process.wait(timeout=120) == train.PREEMPTED_EXIT_STATUS, "".join(output)
-    text = "".join(output)
-    assert "preempted (SIGTERM) at step" in text and "Traceback" not in text
-    saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
-    assert 0 < saved < 1000
-    assert list((tmp_path / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    with held_port(shared=True) as port:  # held through both starts, whose profiler servers bind it
+        command = train_command(data_dir, tmp_path, "train.total_steps=1000", f"runtime.profiler_port={port}")
+        env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        output = []
+        for line in process.stdout:  # wait until training is under way
+            output.append(line)
+            if line.startswith("step "):
+                # On-demand profiling of the running job, as `make profile` does it.
+                assert (
+                    capture_profile.main(
+                        ["--port", str(port), "--duration_ms", "500", "--logdir", str(tmp_path / "logs")]
+                    )
+                    == 0
+                )
+                process.send_signal(signal.SIGTERM)
+                break
+        output += process.stdout.readlines()
+        assert process.wait(timeout=120) == train.PREEMPTED_EXIT_STATUS, "".join(output)
+        text = "".join(output)
+        assert "preempted (SIGTERM) at step" in text and "Traceback" not in text
+        saved = int(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).rsplit("-", 1)[1])
+        assert 0 < saved < 1000
+        assert list((tmp_path / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
-    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"resumed from step {saved}" in resumed.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 1000
+        resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"resumed from step {saved}" in resumed.stdout
+        assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 1000
 
 
 def first_targets(cfg, seed: int, batches: int = 4) -> list:
@@ -545,9 +564,11 @@ def test_training_with_accumulation_counts_optimizer_updates(data_dir, tmp_path,
 
 
 def test_profile_with_no_job_listening_is_one_line():
-    port = free_port()  # nothing listens there
-    with pytest.raises(
-        UserError, match=f"no profiler server answered on localhost:{port}.*runtime.profiler_port={port}"
+    with (
+        held_port(shared=False) as port,
+        pytest.raises(  # nothing listens there
+            UserError, match=f"no profiler server answered on localhost:{port}.*runtime.profiler_port={port}"
+        ),
     ):
         capture_profile.main(["--port", str(port), "--duration_ms", "100", "--logdir", "/tmp/unused-logs"])
 

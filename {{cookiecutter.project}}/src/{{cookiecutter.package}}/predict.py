@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Sequence
 
-from .core import distribute, gcp
+from .core import distribute, gcp, native_logs
 from . import tasks
 from .core.errors import UserError, run_cli
 
@@ -45,7 +45,9 @@ def predict(run_dir: str, inputs: Sequence[str]) -> list[tuple[str, dict]]:
     names, batch = task.predict_inputs(inputs, export_dir, manifest)
     batch = tf.nest.map_structure(tf.constant, batch)
     # A signature of several inputs takes them by name (the task's batch is then a dict of them).
-    served = serve(**batch) if isinstance(batch, dict) else serve(batch)
+    # The first call runs TensorFlow's graph passes, whose oneDNN notice about int32 ops is left out.
+    with native_logs.without_lines(native_logs.ONEDNN_INT32_NOTICE):
+        served = serve(**batch) if isinstance(batch, dict) else serve(batch)
     outputs = {key: value.numpy() for key, value in served.items()}
     return list(zip(names, task.predictions(outputs, export_dir, manifest)))
 

@@ -12,13 +12,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
-import sys
-import tempfile
 
 import tensorflow as tf
 
-from . import topology
+from . import native_logs, topology
 from .topology import Target
 from .config import RuntimeConfig
 from .errors import UserError
@@ -26,33 +23,15 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 
-# What TensorFlow's CUDA build logs at ERROR level when it looks for a GPU on a machine that has
-# none (its bundled stub driver answers cuInit with an error): noise at every start on a CPU.
-NO_GPU_PROBE = re.compile(r"failed call to cuInit")
-
-
 @functools.lru_cache(maxsize=None)
 def physical_devices() -> tuple:
     """TensorFlow's first look at the machine's devices, once per process. On a machine without an
-    NVIDIA driver (/proc/driver/nvidia), the CUDA probe's error line is dropped from stderr; every
-    other line it writes still shows, and on a GPU machine nothing is dropped."""
-    if os.path.exists("/proc/driver/nvidia"):
+    NVIDIA driver, the CUDA probe's error line is left out of stderr (native_logs.NO_GPU_PROBE);
+    every other line it writes still shows, and on a GPU machine nothing is left out."""
+    if native_logs.has_nvidia_driver():
         return tuple(tf.config.list_physical_devices())
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            devices = tuple(tf.config.list_physical_devices())
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        captured.seek(0)
-        for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True):
-            if not NO_GPU_PROBE.search(line):
-                sys.stderr.write(line)
-    sys.stderr.flush()
-    return devices
+    with native_logs.without_lines(native_logs.NO_GPU_PROBE):
+        return tuple(tf.config.list_physical_devices())
 
 
 def devices_of(kind: str) -> list:
@@ -133,6 +112,7 @@ def _cpu(runtime: RuntimeConfig) -> Target:
 
 def resolve(runtime: RuntimeConfig) -> Target:
     """The strategy `runtime.strategy` asks for; logs what was found and chosen."""
+    physical_devices()  # TensorFlow's first look at the devices, here whatever is asked for
     wanted = runtime.strategy
     if wanted == "auto":
         if on_tpu_vm() or runtime.tpu not in ("local", ""):

@@ -98,7 +98,9 @@ def gpu_bfloat16(compute_capability: tuple[int, int] | None) -> tuple[bool, str]
 def _gpu_compute_capability() -> tuple[int, int] | None:
     import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
+    from .distribute import devices_of
+
+    gpus = devices_of("GPU")
     if not gpus:
         return None
     return tf.config.experimental.get_device_details(gpus[0]).get("compute_capability")

@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _keep_tensorflow_off_the_accelerators()
     from ..core import distribute
 
+    distribute.physical_devices()  # TensorFlow's first look at the devices, without the no-GPU noise
     on_tpu_vm = distribute.on_tpu_vm()
     target = resolve_target(cfg, target=args.target, tpu_type=args.tpu_type, on_tpu_vm=on_tpu_vm, gpus=gpu_count())
     print(f"doctor: {args.config}{' ' + ' '.join(args.overrides) if args.overrides else ''}")
