@@ -89,6 +89,17 @@ def eight_cpu_replicas():
     distribute.split_cpu(REPLICAS)
 
 
+@pytest.fixture(scope="session")
+def strategy():
+    """The suite's 8-replica MirroredStrategy, the one training resolves in this process, for a
+    task's own tests (an all_gather in a loss, a metric across replicas). Build no other: a second
+    MirroredStrategy over the same devices in one process breaks the first one's collectives
+    ("Shape mismatch in the collective instance")."""
+    from {{ cookiecutter.package }}.core import config, distribute
+
+    return distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime).strategy
+
+
 def config_file(task_name: str, which: str = "local") -> Path:
     """A task's shipped config: configs/<which>.yaml for the project's own task, configs/<task>/
     for a task added later."""

@@ -279,6 +279,36 @@ def test_a_task_missing_required_members_fails_at_load_in_one_line(tmp_path, mon
         tasks.load("unfinished")
 
 
+@pytest.mark.parametrize(
+    "imported, expected",
+    [
+        (
+            "from ..shared_code import reader",
+            r"imports {package}\.tasks\.shared_code, which this project does not "
+            r"have .*copy that module .* into src/{package}/tasks/shared_code,",
+        ),
+        (
+            "import a_distribution_not_installed",
+            r"imports a_distribution_not_installed, which is not installed; "
+            r"add its distribution to requirements.txt and run `make setup`$",
+        ),
+    ],
+)
+def test_a_task_importing_a_missing_module_fails_at_load_in_one_line(tmp_path, monkeypatch, imported, expected):
+    """A task copied from a bake of another task (tasks/text/ is pruned from an image bake), or one
+    that needs a distribution not installed: one UserError naming the module and the fix."""
+    package = tmp_path / "copied"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"{imported}  # noqa: F401\nfrom .task import TASK  # noqa: F401\n")
+    (package / "task.py").write_text(UNFINISHED)
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, f"{tasks.__name__}.copied", raising=False)
+    pattern = expected.format(package=tasks.__name__.split(".")[0])
+    with pytest.raises(UserError, match=rf"^task 'copied' {pattern}") as raised:
+        tasks.load("copied")
+    assert "\n" not in str(raised.value)
+
+
 def test_make_train_stops_at_once_on_a_task_missing_a_member(tmp_path):
     """The project's own task with `build_model` deleted, run as `make train` runs it: the one line
     is all it prints, with the file relative to the project."""

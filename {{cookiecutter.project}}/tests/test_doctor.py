@@ -169,6 +169,19 @@ def test_target_follows_the_strategy_and_the_machine():
 # ----------------------------------------------------------------------------- batch
 
 
+def test_the_hints_name_the_configs_of_the_task_checked(data_dir, tmp_path, monkeypatch):
+    """Off a TPU the MXU rules point at the TPU config of the task being checked: configs/tpu.yaml
+    for the project's own task, configs/<task>/tpu.yaml for one added with make new-task."""
+    results = check(data_dir, tmp_path=tmp_path, target="cpu")
+    assert "`make doctor CONFIG=configs/tpu.yaml`" in results["model.feature_dims"].message
+    assert config.shipped_config(tasks.DEFAULT, "pod") == "configs/pod.yaml"
+    task = tasks.current()
+    monkeypatch.setattr(task, "name", "tagging")
+    results = check(data_dir, tmp_path=tmp_path, target="cpu")
+    for name in ("model.feature_dims", "model.narrow_layers"):
+        assert "`make doctor CONFIG=configs/tagging/tpu.yaml`" in results[name].message, results[name]
+
+
 def test_batch_not_a_multiple_of_8_per_core_warns_on_a_tpu(data_dir, tmp_path):
     results = check(data_dir, "train.global_batch_size=48", tmp_path=tmp_path, tpu_type="v5litepod-8")
     rule = results["batch.multiple_of_8"]

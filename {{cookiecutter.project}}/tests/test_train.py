@@ -149,6 +149,68 @@ def test_auto_precision_trains_in_bfloat16_on_a_cpu_with_native_bfloat16(data_di
     assert metrics["mixed_precision"] == "bfloat16" and np.isfinite(metrics["loss"]) and metrics["global_step"] == 4
 
 
+def one_hot_metric(metric_class):
+    """`metric_class` (a Keras metric of one-hot targets and probabilities, such as F1Score or AUC)
+    on this project's integer targets and logits, for any task: both flattened to one row per target."""
+
+    class OnIntegerTargets(metric_class):
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            depth = y_pred.shape[-1]
+            probabilities = tf.reshape(tf.nn.softmax(tf.cast(y_pred, tf.float32)), [-1, depth])
+            targets = tf.one_hot(tf.reshape(tf.cast(y_true, tf.int32), [-1]), depth)
+            if sample_weight is not None:
+                weight = tf.cast(sample_weight, tf.float32)
+                while weight.shape.rank < y_true.shape.rank:
+                    weight = weight[..., None]
+                sample_weight = tf.reshape(weight * tf.ones(tf.shape(y_true), tf.float32), [-1])
+            return super().update_state(targets, probabilities, sample_weight)
+
+    return OnIntegerTargets
+
+
+def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path, monkeypatch):
+    """Keras' F1Score and AUC, which fail to read AutoCast state across replicas, report through a
+    periodic evaluation and the final one under mixed_bfloat16 with 8 replicas and steps_per_execution
+    2: the core makes every metric keep float32 state. A metric made with a bfloat16 policy anyway
+    is refused in one line."""
+    from {{ cookiecutter.package }}.core import precision
+    from {{ cookiecutter.package }}.core.keras import keras
+    from {{ cookiecutter.package }}.core.model import objective_metrics
+
+    task = tasks.current()
+    own = task.metrics
+
+    def metrics():
+        return [
+            *own(),
+            one_hot_metric(keras.metrics.F1Score)(average="macro", name="f1"),
+            one_hot_metric(keras.metrics.AUC)(name="auc"),
+        ]
+
+    monkeypatch.setattr(task, "metrics", metrics)
+    cfg = tiny_config(
+        data_dir,
+        tmp_path,
+        "runtime.mixed_precision=bfloat16",
+        "train.total_steps=8",
+        "train.steps_per_execution=2",
+        "train.log_every=4",
+        "train.checkpoint_every=4",
+        "train.eval_every=4",
+    )
+    result = trainer.train(cfg)
+    assert result["mixed_precision"] == "bfloat16" and result["global_step"] == 8
+    assert [entry["step"] for entry in result["history"]] == [4, 8]
+    for entry in (*result["history"], result):
+        assert 0 <= entry["f1"] <= 1 and 0 <= entry["auc"] <= 1, entry
+
+    with precision.policy("mixed_bfloat16"):
+        made_outside = keras.metrics.AUC(name="auc_bf16")
+    monkeypatch.setattr(task, "metrics", lambda: [*own(), made_outside])
+    with pytest.raises(UserError, match="the task's metric auc_bf16 uses the mixed_bfloat16 policy .*Task.metrics"):
+        objective_metrics()
+
+
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
     """Batch norm's moving statistics are per replica while training; evaluation first gives every
     replica their mean, so that evaluating in the training process equals evaluating after a restore."""
@@ -212,9 +274,10 @@ def test_calibration_picks_the_largest_value_near_the_fastest():
     assert steps_per_execution.candidates(50) == [1, 4, 16, 50]
 
 
-def test_strategy_resolution_on_this_machine():
+def test_strategy_resolution_on_this_machine(strategy):
     resolved = distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime)
     assert (resolved.kind, resolved.replicas, resolved.hosts) == ("cpu", 8, 1)
+    assert resolved.strategy is strategy  # the conftest fixture a task's own tests use: the same one
     assert "8 replicas" in resolved.describe()
     with pytest.raises(UserError, match="runtime.strategy=tpu but no TPU could be initialised"):
         distribute.resolve(config.load(None, ["runtime.strategy=tpu"]).runtime)

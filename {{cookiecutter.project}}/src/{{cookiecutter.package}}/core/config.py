@@ -377,6 +377,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def shipped_config(task_name: str, which: str) -> str:
+    """A task's shipped config (`which`: local, tpu or pod), relative to the project: configs/<which>.yaml
+    for the project's own task, configs/<task>/<which>.yaml for a task added with `make new-task`."""
+    from .. import tasks
+
+    return f"configs/{which}.yaml" if task_name == tasks.DEFAULT else f"configs/{task_name}/{which}.yaml"
+
+
 def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
     """Reads a YAML config, applies `dotted.key=value` overrides and validates the result."""
     values: dict = {}

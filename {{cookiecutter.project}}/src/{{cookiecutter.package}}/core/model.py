@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from . import schedule
+from . import precision, schedule
 from .. import tasks
 from .config import Config, TrainConfig
+from .errors import UserError
 from .keras import keras
 
 
@@ -62,10 +63,28 @@ LOSS_METRIC = "weighted_loss"
 
 
 def objective_metrics() -> list:
-    """The task's metrics plus the weighted mean of its loss per example, fresh instances."""
+    """The task's metrics plus the weighted mean of its loss per example, fresh instances, each
+    keeping its state in float32 whatever the precision policy.
+
+    Under mixed_bfloat16 a metric's state variables would be AutoCast variables, which Keras'
+    F1Score and AUC (among others) cannot read across replicas: their result() fails with
+    "call variable.read_value() inside variable_sync_on_read_context is not supported" at the first
+    evaluation. Created under the float32 policy they are plain float32 variables (and a sum over
+    many examples keeps its digits); the predictions are cast to float32 on the way in.
+    """
     task = tasks.current()
     loss = task.loss()
-    return [*task.metrics(), keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC)]
+    with precision.policy("float32"):
+        metrics = [*task.metrics(), keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC)]
+    for metric in metrics:
+        used = metric.dtype_policy
+        if used.compute_dtype != used.variable_dtype:
+            raise UserError(
+                f"the task's metric {metric.name} uses the {used.name} policy (made outside Task.metrics(), or "
+                f"with dtype={used.name!r}): its state cannot be read across replicas; create it inside "
+                "Task.metrics() without a dtype, or with dtype='float32'"
+            )
+    return metrics
 
 
 def metric_names() -> list[str]:

@@ -17,6 +17,7 @@ This module reads the CPU flags without importing TensorFlow, so `make doctor` c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from dataclasses import dataclass
@@ -141,6 +142,19 @@ def set_policy(precision: str) -> None:
     from .keras import keras
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+
+
+@contextlib.contextmanager
+def policy(name: str):
+    """Keras' global policy `name` ("float32", "mixed_bfloat16") for the block, then the one before."""
+    from .keras import keras
+
+    found = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(found)
 
 
 def apply(requested: str, kind: str) -> Choice:

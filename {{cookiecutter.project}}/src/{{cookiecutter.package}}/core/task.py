@@ -303,7 +303,10 @@ class Task(abc.ABC):
 
     def metrics(self) -> list:
         """Keras metrics reported in training logs, evaluation, TensorBoard and metrics.json under
-        their names (weighted like the loss). New instances on every call."""
+        their names (weighted like the loss). New instances on every call, made here without a
+        dtype: the core calls this under the float32 policy, so every metric keeps float32 state
+        whatever the training precision (Keras' F1Score and AUC cannot report otherwise under
+        mixed_bfloat16 on several replicas); a metric made with another policy is refused."""
         return []
 
     headline_metric: str = "loss"

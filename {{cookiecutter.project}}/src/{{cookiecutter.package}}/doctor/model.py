@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core import precision
+from ..core import config as config_lib, precision
 from .engine import (
     BATCH_FOR_SMALL_TILE,
     MIN_BN_BATCH,
@@ -45,7 +45,7 @@ def model_feature_dims(ctx: Context) -> Verdict:
     if ctx.target.kind != "tpu":
         return skip(
             f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
-            "(`make doctor CONFIG=configs/tpu.yaml` checks the TPU model)"
+            f"(`make doctor CONFIG={config_lib.shipped_config(tasks.current().name, 'tpu')}` checks the TPU model)"
         )
     quantum = _feature_quantum(ctx)
     why = (
@@ -77,7 +77,7 @@ def model_narrow_layers(ctx: Context) -> Verdict:
     if ctx.target.kind != "tpu":
         return skip(
             f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
-            "(`make doctor CONFIG=configs/tpu.yaml` checks the TPU model)"
+            f"(`make doctor CONFIG={config_lib.shipped_config(tasks.current().name, 'tpu')}` checks the TPU model)"
         )
     narrow = [layer for layer in ctx.feature_layers if layer.width < MXU_TILE]
     if not narrow:

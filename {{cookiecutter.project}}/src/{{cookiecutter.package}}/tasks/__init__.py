@@ -61,6 +61,21 @@ def load(name: str):
             f"task '{name}' ({_shown(error.task_file)}) does not implement {', '.join(error.missing)}; "
             f"{contract} for what each must return"
         ) from None
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name == f"{__name__}.{name}":
+            raise
+        package = __name__.split(".")[0]
+        if error.name.split(".")[0] == package:  # a module of this project that this bake does not have
+            raise UserError(
+                f"task '{name}' imports {error.name}, which this project does not have (a bake keeps only "
+                f"the shared task code its own task uses, e.g. tasks/text/ in a text bake); copy that module "
+                f"from a bake of a task that has it into src/{error.name.replace('.', '/')}, or import what "
+                "the task needs from elsewhere"
+            ) from None
+        raise UserError(
+            f"task '{name}' imports {error.name}, which is not installed; add its distribution to "
+            "requirements.txt and run `make setup`"
+        ) from None
     task = getattr(module, "TASK", None)
     if not isinstance(task, Task):
         raise UserError(
