@@ -220,7 +220,7 @@ def finished_run_of(task_name: str, tmp_path_factory):
                 precision.set_policy("bfloat16")
                 keras.utils.set_random_seed(cfg.runtime.seed)
                 with resolved.strategy.scope():
-                    untrained = compile_model(build_model(cfg, manifest), cfg.train, 1)
+                    untrained = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
                 initial = evaluate_model(untrained, resolved.strategy, cfg, manifest)
                 metrics = trainer.train(cfg)
             finally:

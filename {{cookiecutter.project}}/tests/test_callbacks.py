@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_config
-from {{ cookiecutter.package }}.core import callbacks, goodput
+from {{ cookiecutter.package }}.core import callbacks, goodput, input_pipeline
 from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.core.model import metric_names
@@ -177,7 +177,7 @@ def periodic_evaluation(cfg, tmp_path, results):
     checkpoint = tf.train.Checkpoint(step=variable)
     best_manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints" / "best"), max_to_keep=1)
     values = iter(results)
-    names = metric_names()
+    names = metric_names(cfg, input_pipeline.read_manifest(cfg.data.dir, cfg.data))
     evaluation = callbacks.PeriodicEvaluation(
         0,
         cfg,
@@ -218,10 +218,11 @@ def test_the_best_evaluation_is_kept_even_when_a_later_one_is_worse(data_dir, tm
     cfg = tiny_config(data_dir, tmp_path)
     values = [0.5, 0.9, 0.7] if task.higher_is_better else [0.7, 0.1, 0.5]
     evaluation, variable, checkpoint, best_manager = periodic_evaluation(cfg, tmp_path, [])
+    names = evaluation.metric_names
     for step, value in zip((10, 20, 30), values):
         variable.assign(step)  # what the checkpoint of this evaluation holds
-        evaluation.record(step, {name: value for name in metric_names()})
-    assert evaluation.best() == {"step": 20, **{name: values[1] for name in metric_names()}}
+        evaluation.record(step, {name: value for name in names})
+    assert evaluation.best() == {"step": 20, **{name: values[1] for name in names}}
     summary = evaluation.summary()
     assert summary["best_step"] == 20 and summary[f"best_{task.headline_metric}"] == values[1]
     variable.assign(0)

@@ -114,13 +114,13 @@ def test_a_warm_up_longer_than_the_run_is_clamped_with_a_note(caplog):
 
 
 def test_the_task_sections_are_typed_and_documented():
-    """The task's data and model keys go through the same type-hint-driven conversion."""
+    """The task's data, model, objective and predict keys go through the same type-hint-driven conversion."""
     import dataclasses
     import inspect
     import typing
 
     cfg = config.load(None)
-    for section in (cfg.data, cfg.model):
+    for section in (cfg.data, cfg.model, cfg.objective, cfg.predict):
         hints = typing.get_type_hints(type(section))
         source = "".join(inspect.getsource(cls) for cls in type(section).__mro__ if dataclasses.is_dataclass(cls))
         for field in dataclasses.fields(section):
@@ -134,3 +134,42 @@ def test_the_task_sections_are_typed_and_documented():
     )
     with pytest.raises(ConfigError, match=f"{key} must be an integer, got 'wide'"):
         config.load(None, [f"{key}=wide"])
+
+
+def test_the_objective_section_reaches_the_loss_and_metrics_and_is_refused_when_unknown(tmp_path, monkeypatch):
+    """`objective:` is the task's like `model:`: its keys typed and written to config.yaml, an
+    unknown one refused in one line, and the values handed to `loss` and `metrics` (with the manifest)."""
+    import dataclasses
+
+    from {{ cookiecutter.package }}.core import model
+
+    cfg = config.load(None)
+    keys = [f"objective.{field.name}" for field in dataclasses.fields(cfg.objective)]
+    assert set(keys) <= set(config.all_keys(cfg))
+    with pytest.raises(
+        ConfigError, match=r"^unknown config key 'objective.temperature' on the command line; "
+    ) as raised:
+        config.load(None, ["objective.temperature=0.07"])
+    assert "\n" not in str(raised.value)
+    path = tmp_path / "config.yaml"
+    path.write_text(config.dump(cfg))
+    assert config.load(str(path)).objective == cfg.objective
+
+    task, seen = tasks.current(), []
+    own_loss, own_metrics = task.loss, task.metrics
+    monkeypatch.setattr(
+        task,
+        "loss",
+        lambda objective, manifest: seen.append(("loss", objective, manifest)) or own_loss(objective, manifest),
+    )
+    monkeypatch.setattr(
+        task,
+        "metrics",
+        lambda objective, manifest: seen.append(("metrics", objective, manifest)) or own_metrics(objective, manifest),
+    )
+    manifest = task.nominal_manifest(cfg.data)
+    model.objective_metrics(cfg, manifest)
+    assert [(what, objective is cfg.objective, given is manifest) for what, objective, given in seen] == [
+        ("loss", True, True),
+        ("metrics", True, True),
+    ]

@@ -34,7 +34,7 @@ def test_calibration_compiles_once_and_training_reuses_it(data_dir, tmp_path):
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(str(data_dir), cfg.data)
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg.train, spe_lib.limit(cfg.train))
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, spe_lib.limit(cfg.train))
         before = spe_lib.Snapshot(model)
         dataset = trainer.training_dataset(cfg, resolved, manifest, seed=0)
         chosen, measurements = spe_lib.calibrate(model, iter(dataset), spe_lib.limit(cfg.train), min_seconds=0.05)

@@ -103,7 +103,7 @@ def test_mixed_bfloat16_keeps_float32_variables_logits_and_loss(data_dir, tmp_pa
     manifest = json.loads((data_dir / "manifest.json").read_text())
     precision.set_policy("bfloat16")
     try:
-        model = compile_model(build_model(cfg, manifest), cfg.train, 1)
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
         assert all(v.dtype == tf.float32 for v in model.trainable_variables)
         assert any(layer.compute_dtype == "bfloat16" for layer in model.layers if layer.weights)
         inputs, labels = tasks.current().synthetic_batch(2, manifest)
@@ -180,9 +180,9 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
     task = tasks.current()
     own = task.metrics
 
-    def metrics():
+    def metrics(objective_config, manifest):
         return [
-            *own(),
+            *own(objective_config, manifest),
             one_hot_metric(keras.metrics.F1Score)(average="macro", name="f1"),
             one_hot_metric(keras.metrics.AUC)(name="auc"),
         ]
@@ -206,9 +206,9 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
 
     with precision.policy("mixed_bfloat16"):
         made_outside = keras.metrics.AUC(name="auc_bf16")
-    monkeypatch.setattr(task, "metrics", lambda: [*own(), made_outside])
+    monkeypatch.setattr(task, "metrics", lambda objective, manifest: [*own(objective, manifest), made_outside])
     with pytest.raises(UserError, match="the task's metric auc_bf16 uses the mixed_bfloat16 policy .*Task.metrics"):
-        objective_metrics()
+        objective_metrics(cfg, json.loads((data_dir / "manifest.json").read_text()))
 
 
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
@@ -431,7 +431,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
     manifest = input_pipeline.read_manifest(cfg.data.dir)
     strategy = distribute.resolve(cfg.runtime).strategy
     with strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg.train, 1)
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "run" / "checkpoints"), max_to_keep=2)
     capsys.readouterr()

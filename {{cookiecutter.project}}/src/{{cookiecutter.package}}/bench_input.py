@@ -107,7 +107,7 @@ def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: floa
     batch = cfg.train.global_batch_size
     spe = cfg.train.steps_per_execution if isinstance(cfg.train.steps_per_execution, int) else 4
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg.train, spe)
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
     per_replica = batch // resolved.replicas
 
     def synthetic(context):
@@ -125,7 +125,7 @@ def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: floa
     other = "float32" if chosen == "bfloat16" else "bfloat16"
     precision.set_policy(other)
     with resolved.strategy.scope():
-        other_model = compile_model(build_model(cfg, manifest), cfg.train, spe)
+        other_model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
     other_rate = training_steps_per_second(
         other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
     )

@@ -18,7 +18,7 @@ from .core import config as config_lib
 from .core import distribute, input_pipeline, precision
 from .core.errors import UserError, run_cli
 from .core.evaluation import describe, evaluate_model
-from .core.model import build_model, compile_model
+from .core.model import build_model, compile_model, metric_names
 from .core.run_dir import RunRecord, latest_checkpoint, run_path
 
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"precision {precision.apply(cfg.runtime.mixed_precision, resolved.kind).describe()}", flush=True)
     with resolved.strategy.scope():
         model = build_model(cfg, manifest)
-        compile_model(model, cfg.train, 1)
+        compile_model(model, cfg, manifest, 1)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         checkpoint.restore(latest).expect_partial()
     step = int(model.optimizer.iterations.numpy())
@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         examples_per_second=record.get("examples_per_second", metrics["eval_examples_per_second"]),
     )
     path = record.write()
-    print(f"eval {describe(metrics)} on {metrics['eval_examples']} examples at step {step} -> {path}")
+    described = describe(metrics, metric_names(cfg, manifest))
+    print(f"eval {described} on {metrics['eval_examples']} examples at step {step} -> {path}")
     return 0
 
 

@@ -124,6 +124,8 @@ class Config:
     """The shared DataConfig keys plus the task's (e.g. image_size or seq_len)."""
     model: Any = field(default_factory=lambda: _task().model_config())
     """The task's model keys."""
+    objective: Any = field(default_factory=lambda: _task().objective_config())
+    """The task's objective keys (what its loss and metrics are made with; none for some tasks)."""
     predict: Any = field(default_factory=lambda: _task().predict_config())
     """The task's serving keys (what the export serves; none for most tasks)."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -173,7 +175,12 @@ def _owners(key: str) -> list[str]:
     owners = []
     for task_name in tasks.available():
         task = tasks.load(task_name)
-        kind = {"data": task.data_config, "model": task.model_config, "predict": task.predict_config}.get(section)
+        kind = {
+            "data": task.data_config,
+            "model": task.model_config,
+            "objective": task.objective_config,
+            "predict": task.predict_config,
+        }.get(section)
         if (
             task_name != _task().name
             and dataclasses.is_dataclass(kind)
@@ -328,7 +335,7 @@ def validate(config: Config) -> Config:
         raise ConfigError(f"runtime.profiler_port must be a port number or 0, got {rt.profiler_port}")
     if rt.metadata_poll_seconds <= 0:
         raise ConfigError(f"runtime.metadata_poll_seconds must be positive, got {rt.metadata_poll_seconds}")
-    for section in (config.data, config.model, config.predict):
+    for section in (config.data, config.model, config.objective, config.predict):
         problem = section.problem() if hasattr(section, "problem") else None
         if problem:
             raise ConfigError(problem)

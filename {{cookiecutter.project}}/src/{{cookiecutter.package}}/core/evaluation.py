@@ -45,22 +45,22 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> d
     elapsed = time.perf_counter() - started
     examples = manifest["splits"]["eval"]["num_examples"]
     return {
-        **{name: float(results[LOSS_METRIC if name == "loss" else name]) for name in metric_names()},
+        **{name: float(results[LOSS_METRIC if name == "loss" else name]) for name in metric_names(cfg, manifest)},
         "eval_examples": examples,
         "eval_examples_per_second": examples / elapsed,
     }
 
 
-def describe(metrics: dict) -> str:
-    """The metrics in words, the task's headline first: e.g. 'accuracy 0.9313, loss 0.2208'."""
+def describe(metrics: dict, names: list[str]) -> str:
+    """The metrics `names` in words, the task's headline first: e.g. 'accuracy 0.9313, loss 0.2208'."""
     headline = tasks.current().headline_metric
-    names = [headline, *(name for name in metric_names() if name != headline)]
+    names = [headline, *(name for name in names if name != headline)]
     return ", ".join(f"{name} {metrics[name]:.4f}" for name in names)
 
 
-def write_eval_summaries(output_dir: str, metrics: dict, step: int) -> None:
+def write_eval_summaries(output_dir: str, metrics: dict, step: int, names: list[str]) -> None:
     writer = tf.summary.create_file_writer(run_path(output_dir, "logs", "eval"))
     with writer.as_default(step=step):
-        for name in metric_names():
+        for name in names:
             tf.summary.scalar(name, metrics[name])
     writer.close()

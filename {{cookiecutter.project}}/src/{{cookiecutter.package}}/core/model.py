@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from . import precision, schedule
 from .. import tasks
-from .config import Config, TrainConfig
+from .config import Config
 from .errors import UserError
 from .keras import keras
 
@@ -62,7 +62,7 @@ def build_model(cfg: Config, manifest: dict) -> keras.Model:
 LOSS_METRIC = "weighted_loss"
 
 
-def objective_metrics() -> list:
+def objective_metrics(cfg: Config, manifest: dict) -> list:
     """The task's metrics plus the weighted mean of its loss per example, fresh instances, each
     keeping its state in float32 whatever the precision policy.
 
@@ -73,9 +73,9 @@ def objective_metrics() -> list:
     many examples keeps its digits); the predictions are cast to float32 on the way in.
     """
     task = tasks.current()
-    loss = task.loss()
+    loss = task.loss(cfg.objective, manifest)
     with precision.policy("float32"):
-        metrics = [*task.metrics(), keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC)]
+        metrics = [*task.metrics(cfg.objective, manifest), keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC)]
     for metric in metrics:
         used = metric.dtype_policy
         if used.compute_dtype != used.variable_dtype:
@@ -87,17 +87,19 @@ def objective_metrics() -> list:
     return metrics
 
 
-def metric_names() -> list[str]:
+def metric_names(cfg: Config, manifest: dict) -> list[str]:
     """The names evaluation reports: `loss` first, then the task's metrics."""
-    return ["loss", *(metric.name for metric in tasks.current().metrics())]
+    return ["loss", *(metric.name for metric in tasks.current().metrics(cfg.objective, manifest))]
 
 
-def compile_model(model: keras.Model, train: TrainConfig, steps_per_execution: int) -> keras.Model:
-    """Attaches the optimizer (with the scaled, warmed-up schedule) and the task's loss and metrics.
+def compile_model(model: keras.Model, cfg: Config, manifest: dict, steps_per_execution: int) -> keras.Model:
+    """Attaches the optimizer (with the scaled, warmed-up schedule) and the task's loss and metrics
+    (made with the config's `objective:` section and the data's manifest).
 
     The metrics are weighted so that evaluation, which pads the last steps with weight-0
     examples to keep shapes static, counts every real example exactly once.
     """
+    train = cfg.train
     if train.optimizer == "adamw":
         optimizer = keras.optimizers.AdamW(learning_rate=schedule.from_config(train), weight_decay=train.weight_decay)
     else:
@@ -110,8 +112,8 @@ def compile_model(model: keras.Model, train: TrainConfig, steps_per_execution: i
     optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "embeddings"])  # norms, biases
     model.compile(
         optimizer=optimizer,
-        loss=tasks.current().loss(),
-        weighted_metrics=objective_metrics(),
+        loss=tasks.current().loss(cfg.objective, manifest),
+        weighted_metrics=objective_metrics(cfg, manifest),
         steps_per_execution=steps_per_execution,
     )
     return model

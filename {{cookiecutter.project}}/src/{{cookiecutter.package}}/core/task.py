@@ -8,7 +8,7 @@ A task is a package under `tasks/` whose `TASK` object implements `Task`. Every 
 contract, in the order the data flows through them; * marks the required ones (abstract in `Task`:
 `tasks.load` refuses a task that leaves one out, in one line naming it and the task's file):
 
-    config                  name*, data_config*, model_config*, predict_config
+    config                  name*, data_config*, model_config*, objective_config, predict_config
     listing                 raw_format*, list_raw*
     reading                 read_raw*, reject_reasons
     fit                     fit, fit_sample_size, needs_fit
@@ -26,9 +26,10 @@ Listing to manifest runs in preprocessing (the Beam workers), input parsing to o
 (tf.data and the Keras model), serving in the export and `make predict`. `needs_fit` is derived, not
 set: a task that overrides `fit` has one.
 
-Parameters are named for what they hold: `data_config`, `model_config` and `predict_config` are the
-config's `data:`, `model:` and `predict:` sections (instances of the task's dataclasses of the same
-names), `model` is a Keras model, `raw_bytes` the content of one raw file.
+Parameters are named for what they hold: `data_config`, `model_config`, `objective_config` and
+`predict_config` are the config's `data:`, `model:`, `objective:` and `predict:` sections (instances of
+the task's dataclasses of the same names), `manifest` the data's manifest.json, `model` is a Keras
+model, `raw_bytes` the content of one raw file.
 
 The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
 reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
@@ -183,6 +184,11 @@ class Task(abc.ABC):
     def model_config(self) -> type:
         """Dataclass of the `model:` section, with the same conventions."""
 
+    objective_config: type = NoKeys
+    """Dataclass of the `objective:` section: what the loss and metrics are made with (a label
+    smoothing, a temperature, a threshold, class weights), given to `loss` and `metrics`; no keys
+    by default. Like every section: unknown keys refused, the values written to config.yaml."""
+
     predict_config: type = NoKeys
     """Dataclass of the `predict:` section: what the export serves beyond the model (e.g. how many
     tokens a generator writes per prompt), given to `serving_signature`; no keys by default."""
@@ -296,12 +302,12 @@ class Task(abc.ABC):
 
     # --------------------------------------------------------------- objective
     @abc.abstractmethod
-    def loss(self):
+    def loss(self, objective_config: Any, manifest: dict):
         """The Keras loss training minimises (from the model's float32 outputs). Its `call(targets,
         outputs)` gives one value per example: evaluation weights those to count every real example
         once and reports their mean as `loss`."""
 
-    def metrics(self) -> list:
+    def metrics(self, objective_config: Any, manifest: dict) -> list:
         """Keras metrics reported in training logs, evaluation, TensorBoard and metrics.json under
         their names (weighted like the loss). New instances on every call, made here without a
         dtype: the core calls this under the float32 policy, so every metric keeps float32 state

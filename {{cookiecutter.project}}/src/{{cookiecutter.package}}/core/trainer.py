@@ -87,7 +87,7 @@ class Trainer:
         self.decision = spe_lib.decide(cfg, self.target, self.record.values, self.finished)
         clock.start(goodput.MODEL_BUILD)
         with self.target.strategy.scope():
-            self.model = compile_model(build_model(cfg, self.manifest), cfg.train, self.decision.compiled)
+            self.model = compile_model(build_model(cfg, self.manifest), cfg, self.manifest, self.decision.compiled)
             # The optimizer's slots exist before the restore, so that it fills them at once: Keras would
             # otherwise create them at the first update, and a finished run (evaluated, never updated)
             # would warn about every slot value the checkpoint holds.
@@ -160,7 +160,7 @@ class Trainer:
     def callbacks(self) -> list[keras.callbacks.Callback]:
         """Between executions, in the order they act (callbacks.py says what each does)."""
         cfg, step, output_dir = self.cfg, self.initial_step, self.cfg.runtime.output_dir
-        names = metric_names()
+        names = self.metric_names = metric_names(cfg, self.manifest)
         self.first_execution = callbacks.FirstExecution(step, self.clock)
         self.profile_window = callbacks.ProfileWindow(step, cfg.profile_window(), output_dir)
         self.checkpoints = callbacks.Checkpoints(step, self.manager, cfg.train.checkpoint_every)
@@ -173,8 +173,8 @@ class Trainer:
             best_manager=self.best_manager,
             history=history,
             metric_names=names,
-            write_summaries=lambda metrics, at: write_eval_summaries(output_dir, metrics, at),
-            describe=describe,
+            write_summaries=lambda metrics, at: write_eval_summaries(output_dir, metrics, at, names),
+            describe=lambda metrics: describe(metrics, names),
         )
         return [
             self.first_execution,
@@ -230,7 +230,7 @@ class Trainer:
             self.evaluation.record(step, metrics)
             metrics.update(self.evaluation.summary())
         else:
-            write_eval_summaries(output_dir, metrics, step)
+            write_eval_summaries(output_dir, metrics, step, self.metric_names)
         self.clock.start(goodput.EXPORT)
         export_dir = export(self.model, output_dir, self.manifest, cfg)
         metrics["phase_seconds"] = self.clock.so_far()
@@ -244,8 +244,9 @@ class Trainer:
             if "best_step" in metrics
             else ""
         )
+        described = describe(metrics, self.metric_names)
         print(
-            f"eval {describe(metrics)} at step {step}{best}; training {metrics['examples_per_second']:.1f} "
+            f"eval {described} at step {step}{best}; training {metrics['examples_per_second']:.1f} "
             f"examples/s; metrics -> {self.record.path}; SavedModel -> {export_dir}",
             flush=True,
         )
@@ -306,7 +307,7 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifes
     if not config_lib.is_auto(cfg.train.steps_per_execution):
         return int(cfg.train.steps_per_execution), []
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg.train, max(2, spe_lib.limit(cfg.train)))
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, max(2, spe_lib.limit(cfg.train)))
     dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
     chosen, measurements = spe_lib.calibrate_and_report(cfg, model, iter(dataset))
     return chosen.steps_per_execution, measurements

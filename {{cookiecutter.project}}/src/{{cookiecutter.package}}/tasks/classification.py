@@ -2,7 +2,8 @@
 
 - targets: category names from the raw input (a folder name, a `label` field); preprocessing
   collects them, and the manifest keeps `label_names` and `num_classes`
-- objective: softmax cross-entropy on float32 logits; `accuracy` is the headline, higher is better
+- objective: softmax cross-entropy on float32 logits, with `objective.label_smoothing`; `accuracy`
+  is the headline, higher is better
 - serving: `probabilities` and `class`; `make predict` prints the label and its probability
 
 A task subclasses `ClassificationTask` and adds its data, model and inputs (see task.py).
@@ -11,13 +12,46 @@ A task subclasses `ClassificationTask` and adds its data, model and inputs (see 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..core.task import Task
 
 
+@dataclass
+class ClassificationObjectiveConfig:
+    label_smoothing: float = 0.0
+    """Moves this share of each target's probability evenly over all classes (0.1 is the usual
+    ImageNet value): the model is not pushed to ever larger logits. 0 is plain cross-entropy."""
+
+    def problem(self) -> str | None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            return f"objective.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+        return None
+
+
+def cross_entropy(label_smoothing: float, num_classes: int):
+    """Softmax cross-entropy of integer targets against float32 logits, one value per example; with
+    `label_smoothing`, against targets smoothed toward the uniform distribution over the classes."""
+    import tensorflow as tf
+
+    from ..core.keras import keras
+
+    if not label_smoothing:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    class SmoothedCrossEntropy(keras.losses.Loss):
+        def call(self, targets, logits):
+            one_hot = tf.one_hot(tf.cast(tf.reshape(targets, [-1]), tf.int32), num_classes)
+            smoothed = one_hot * (1.0 - label_smoothing) + label_smoothing / num_classes
+            return keras.losses.categorical_crossentropy(smoothed, logits, from_logits=True)
+
+    return SmoothedCrossEntropy(name="smoothed_cross_entropy")
+
+
 class ClassificationTask(Task):
     categorical_targets = True
+    objective_config = ClassificationObjectiveConfig
     headline_metric = "accuracy"
     higher_is_better = True
 
@@ -27,12 +61,10 @@ class ClassificationTask(Task):
     def describe_data(self, manifest: dict) -> str:
         return f"{manifest['num_classes']} classes"
 
-    def loss(self):
-        from ..core.keras import keras
+    def loss(self, objective_config: ClassificationObjectiveConfig, manifest: dict):
+        return cross_entropy(objective_config.label_smoothing, manifest["num_classes"])
 
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def metrics(self) -> list:
+    def metrics(self, objective_config, manifest: dict) -> list:
         from ..core.keras import keras
 
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]

@@ -210,12 +210,12 @@ class NewTask(Task):
         return ["output", "target"]
 
     # --------------------------------------------------------------- objective (TOY)
-    def loss(self):
+    def loss(self, objective_config, manifest: dict):
         from ...core.keras import keras
 
         return keras.losses.MeanSquaredError()
 
-    def metrics(self) -> list:
+    def metrics(self, objective_config, manifest: dict) -> list:
         return []
 
     # --------------------------------------------------------------- serving

@@ -183,12 +183,12 @@ class LanguageModelTask(Task):
         return ["logits"]
 
     # --------------------------------------------------------------- objective
-    def loss(self):
+    def loss(self, objective_config, manifest: dict):
         from .objective import TokenCrossEntropy
 
         return TokenCrossEntropy()
 
-    def metrics(self) -> list:
+    def metrics(self, objective_config, manifest: dict) -> list:
         from .objective import TokenMetric
 
         return [TokenMetric("perplexity"), TokenMetric("accuracy")]
