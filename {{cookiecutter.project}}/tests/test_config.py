@@ -138,10 +138,11 @@ def test_the_task_sections_are_typed_and_documented():
 
 def test_the_objective_section_reaches_the_loss_and_metrics_and_is_refused_when_unknown(tmp_path, monkeypatch):
     """`objective:` is the task's like `model:`: its keys typed and written to config.yaml, an
-    unknown one refused in one line, and the values handed to `loss` and `metrics` (with the manifest)."""
+    unknown one refused in one line, and the values handed to `loss`, `metrics` and the export's
+    `serving_signature` (with the manifest)."""
     import dataclasses
 
-    from {{ cookiecutter.package }}.core import model
+    from {{ cookiecutter.package }}.core import model, run_dir
 
     cfg = config.load(None)
     keys = [f"objective.{field.name}" for field in dataclasses.fields(cfg.objective)]
@@ -173,3 +174,14 @@ def test_the_objective_section_reaches_the_loss_and_metrics_and_is_refused_when_
         ("loss", True, True),
         ("metrics", True, True),
     ]
+
+    class Exported(Exception):
+        """Stops the export once the serving signature is asked for: its arguments are the check."""
+
+    def serving_signature(model_, manifest_, predict, objective):
+        raise Exported(predict is cfg.predict and objective is cfg.objective and manifest_ is manifest)
+
+    monkeypatch.setattr(task, "serving_signature", serving_signature)
+    with pytest.raises(Exported) as exported:
+        run_dir.export(None, str(tmp_path / "run"), manifest, cfg)
+    assert exported.value.args == (True,)

@@ -394,7 +394,7 @@ NEW_TOKENS = 8
 def tiny_sampler(model, **settings):
     """The serving function the export of `model` would have with these `predict.*` keys: prompts -> tokens."""
     keys = LanguageModelPredictConfig(max_new_tokens=NEW_TOKENS, **settings)
-    serve = TASK.serving_signature(model, {"seq_len": SEQ_LEN, "vocab_size": VOCAB}, keys)
+    serve = TASK.serving_signature(model, {"seq_len": SEQ_LEN, "vocab_size": VOCAB}, keys, TASK.objective_config())
     return lambda prompts: served_tokens(serve, prompts, SEQ_LEN)
 
 

@@ -255,7 +255,7 @@ def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy
     logits = model(ids, training=False)
     assert logits.dtype == tf.float32 and logits.shape == (4, 5)
     assert np.isfinite(logits.numpy()).all()
-    outputs = TASK.serving_signature(model, manifest, TASK.predict_config())(ids)
+    outputs = TASK.serving_signature(model, manifest, TASK.predict_config(), TASK.objective_config())(ids)
     assert outputs["class"].dtype == tf.int32 and outputs["class"].shape == (4,)
     np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
 

@@ -99,7 +99,7 @@ def export(model, output_dir: str, manifest: dict, cfg) -> str:
     task = tasks.current()
     path = run_path(output_dir, "export")
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
-    signature = task.serving_signature(model, manifest, cfg.predict)
+    signature = task.serving_signature(model, manifest, cfg.predict, cfg.objective)
     tf.saved_model.save(model, path, signatures={"serving_default": signature}, options=options)
     extra = run_path(path, "assets.extra")
     tf.io.gfile.makedirs(extra)

@@ -323,10 +323,11 @@ class Task(abc.ABC):
 
     # --------------------------------------------------------------- serving, predict
     @abc.abstractmethod
-    def serving_signature(self, model, manifest: dict, predict_config: Any) -> Callable:
+    def serving_signature(self, model, manifest: dict, predict_config: Any, objective_config: Any) -> Callable:
         """A tf.function with an input signature: the Keras `model`'s inputs -> a dict of named
-        outputs. `predict_config` is the config's `predict:` section (an instance of the task's
-        `predict_config`)."""
+        outputs. `predict_config` and `objective_config` are the config's `predict:` and
+        `objective:` sections (e.g. how many tokens to generate; the threshold a multi-label task
+        was trained and evaluated with)."""
 
     def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
         """Files that `predict` needs beside the SavedModel (e.g. the tokenizer), by name."""

@@ -219,7 +219,7 @@ class NewTask(Task):
         return []
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config=None):
+    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, manifest["num_features"]], tf.float32, name="features")

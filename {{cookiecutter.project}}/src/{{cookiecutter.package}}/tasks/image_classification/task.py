@@ -207,7 +207,7 @@ class ImageClassificationTask(ClassificationTask):
         return build_model(model_config, manifest["image_size"], manifest["num_classes"])
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config=None):
+    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
         import tensorflow as tf
 
         size = manifest["image_size"]

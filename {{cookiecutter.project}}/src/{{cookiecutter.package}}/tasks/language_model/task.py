@@ -194,7 +194,9 @@ class LanguageModelTask(Task):
         return [TokenMetric("perplexity"), TokenMetric("accuracy")]
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config: LanguageModelPredictConfig):
+    def serving_signature(
+        self, model, manifest: dict, predict_config: LanguageModelPredictConfig, objective_config=None
+    ):
         import tensorflow as tf
 
         from . import generate

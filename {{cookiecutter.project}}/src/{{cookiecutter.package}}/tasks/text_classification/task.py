@@ -143,7 +143,7 @@ class TextClassificationTask(ClassificationTask):
         return width_fix(model_config, quantum)
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config=None):
+    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
         import tensorflow as tf
 
         @tf.function(input_signature=[tf.TensorSpec([None, manifest["seq_len"]], tf.int32, name="ids")])
