@@ -267,6 +267,6 @@ def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
     assert {
         "test_parsed_batches_have_static_shapes_and_encoding_is_deterministic",
         "test_broken_inputs_are_rejected_and_listed",
-        "test_training_moves_the_headline_metric_the_right_way",
+        "test_training_lowers_the_eval_loss_and_keeps_the_best_headline",
         "test_the_export_alone_predicts",
     } <= passed, tests.stdout[-6000:]

@@ -107,8 +107,8 @@ def test_training_lowers_the_eval_loss_and_keeps_the_best_headline(contract_run)
     the way to zero. The headline metric is not required to improve this early: a thresholded one
     (F1 at 0.5 on tags) can start high and fall while the model learns the prior first. The margin
     is not chance: the run's initial weights, data order and shuffles are seeded, and the shipped
-    tasks' eval losses fall to 0.33x (text), 0.58x (image) and 0.80x (language model) of the
-    untrained ones here. Then the best periodic evaluation by the headline's direction."""
+    tasks' eval losses fall to 0.33x-0.80x of the untrained ones here. Then the best periodic
+    evaluation by the headline's direction."""
     task = tasks.current()
     cfg, output, metrics, initial = contract_run
     headline = task.headline_metric
