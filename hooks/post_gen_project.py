@@ -2,7 +2,9 @@
 and makes the scripts executable.
 
 The template carries every task (src/<package>/tasks/<task>/ and tests/test_task_<task>.py); a
-baked project holds only its own, so no file in it refers to code it does not have.
+baked project holds only its own, so no file in it refers to code it does not have. What several
+tasks share (the text readers, tokenizer and layers; the classifiers' objective) stays in every bake:
+a task added later with `make new-task` may build on it, whatever task the project was baked for.
 
 The template, its commit and the answers go to `.cruft.json`, in the format of cruft, which
 `make template-update` uses to bring the project up to a newer template (see the template README).
@@ -23,21 +25,15 @@ TASK = "{{ cookiecutter.task }}"
 PACKAGE = "{{ cookiecutter.package }}"
 
 
-SHARED = {
-    "text": ("text_classification", "language_model"),
-    "classification.py": ("image_classification", "text_classification"),
-}
-"""What several tasks share under tasks/ (not a task itself), and the tasks that use it."""
+SHARED = ("text", "classification.py")
+"""What several tasks share under tasks/ (not a task itself): kept in every bake."""
 
 
 def prune_other_tasks(project: Path) -> None:
-    """Removes the other tasks' packages and tests, and what only other tasks share; tasks/_skeleton
-    (what `make new-task` copies) and the core modules beside the packages stay."""
+    """Removes the other tasks' packages and tests; the shared task code, tasks/_skeleton (what `make
+    new-task` copies) and the core modules beside the packages stay."""
     for path in (project / "src" / PACKAGE / "tasks").iterdir():
-        if path.name in SHARED:
-            keep = TASK in SHARED[path.name]
-        else:
-            keep = not path.is_dir() or path.name == TASK or path.name.startswith("_")
+        keep = path.name in SHARED or not path.is_dir() or path.name == TASK or path.name.startswith("_")
         if not keep:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     for test in (project / "tests").glob("test_task_*.py"):

@@ -74,6 +74,8 @@ TARGETS: dict[str, dict] = {
     "bench-startup": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # three runs of one log interval or two
     "bench-preprocess": {"before": (), "after": ("BENCH_ARGS=--min_files=60 --repeats=1 --workers=2",)},
     "doctor": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},
+    # 1 device against 2 replicas of 4 examples: per-replica batch statistics differ at once.
+    "parity": {"before": (), "after": (f"ARGS={SMALL_ARGS} train.global_batch_size=8", "PARITY_STEPS=3")},
     "profile": {"before": ("DURATION=500",), "special": "after: from a training job"},  # a held port: see below
     "tpu-info": {"after": ()},
     "tpu-create": {"after": DRY},
@@ -434,6 +436,12 @@ def check_target_works(project: Path, target: str) -> None:
     output = succeeds(result)
     if target == "eval":  # the small run's 20 steps, evaluated on the eval split
         assert re.search(r"^eval \S+ \d+\.\d{4}, .* on \d+ examples at step 20 -> ", output, re.MULTILINE), output
+    if target == "parity":  # the default bake's image model normalises per replica; the text models agree
+        per_replica_norms = "task: image_classification" in (project / "configs/local.yaml").read_text()
+        verdict = (r"^verdict: the curves part at step \d+, because:\n  - per-replica BatchNormalization: .* with them "
+                   r"synchronised the curves agree" if per_replica_norms else r"^verdict: agree: 2 replicas train as one")
+        assert re.search(verdict, output, re.MULTILINE), output
+        assert re.search(r"^precision: ", output, re.MULTILINE), output
     if target.startswith("bench"):
         last_line = result.stdout.strip().splitlines()[-1]  # the figures as JSON, after the logs
         figures = json.loads(last_line)

@@ -573,7 +573,7 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
     on the 8 CPU replicas."""
     from {{ cookiecutter.package }}.core.keras import keras
     from {{ cookiecutter.package }}.core import precision
-    from {{ cookiecutter.package }}.core.model import AccumulatingModel
+    from {{ cookiecutter.package }}.core.model import TaskModel
 
     precision.set_policy("float32")
     strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime).strategy
@@ -611,7 +611,7 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
         return strategy.distribute_datasets_from_function(dataset_fn)
 
     expected = first_update(keras.Model, per_replica((256,)))
-    accumulated = first_update(AccumulatingModel, per_replica((4, 64)), accumulation_steps=4)
+    accumulated = first_update(TaskModel, per_replica((4, 64)), accumulation_steps=4)
     for got, want in zip(accumulated, expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 

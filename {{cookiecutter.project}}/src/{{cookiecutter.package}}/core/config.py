@@ -407,7 +407,8 @@ def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
             raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
         if not isinstance(values, dict):
             raise ConfigError(
-                f"config file {path} must hold `task:` and a mapping of sections (data, model, train, runtime)"
+                f"config file {path} must hold `task:` and a mapping of sections "
+                "(data, model, objective, predict, train, runtime)"
             )
     parsed = [parse_override(text) for text in overrides]
     for key, value in parsed:

@@ -43,12 +43,22 @@ def on_tpu_vm() -> bool:
     return bool(topology.tpu_device_files()) or os.environ.get("TPU_VM") == "1"
 
 
+_tpu_system: dict = {}
+"""The TPU's cluster resolver and topology, once initialised (for `one_tpu_core`)."""
+
+
+def one_tpu_core() -> tf.distribute.TPUStrategy:
+    """A TPUStrategy over one TPU core of the initialised system (make parity's one-device side)."""
+    assignment = tf.tpu.experimental.DeviceAssignment.build(_tpu_system["topology"], num_replicas=1)
+    return tf.distribute.TPUStrategy(_tpu_system["resolver"], experimental_device_assignment=assignment)
+
+
 def _tpu(runtime: RuntimeConfig) -> Target:
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=runtime.tpu)
         if runtime.tpu not in ("local", ""):
             tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        _tpu_system.update(resolver=resolver, topology=tf.tpu.experimental.initialize_tpu_system(resolver))
         strategy = tf.distribute.TPUStrategy(resolver)
     except (ValueError, RuntimeError, OSError, tf.errors.OpError) as error:
         # OSError: a named TPU is looked up through the GCE metadata server, absent off Google Cloud.

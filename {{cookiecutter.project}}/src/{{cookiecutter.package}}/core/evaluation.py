@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from . import config as config_lib
@@ -42,13 +43,43 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> d
     )
     started = time.perf_counter()
     results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+    split_metrics = tasks.current().split_metrics(cfg.objective, manifest)
+    if split_metrics:
+        dataset, steps = input_pipeline.distributed_dataset(
+            strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
+        )
+        outputs, targets = split_outputs(model, strategy, dataset, steps)
+        results.update({name: function(outputs, targets) for name, function in split_metrics.items()})
     elapsed = time.perf_counter() - started
     examples = manifest["splits"]["eval"]["num_examples"]
     return {
-        **{name: float(results[LOSS_METRIC if name == "loss" else name]) for name in metric_names(cfg, manifest)},
+        **{
+            name: float(results[LOSS_METRIC if name == "loss" and LOSS_METRIC in results else name])
+            for name in metric_names(cfg, manifest)
+        },
         "eval_examples": examples,
         "eval_examples_per_second": examples / elapsed,
     }
+
+
+def split_outputs(model, strategy: tf.distribute.Strategy, dataset, steps: int):
+    """(the model's outputs, the targets) of every eval example exactly once, as numpy arrays (or dicts
+    of them), for the task's whole-split metrics: each step's per-replica results are gathered to the
+    host and the padding (weight 0) is dropped. The order of examples is the input's, interleaved by
+    replica; a whole-split metric does not depend on it."""
+
+    @tf.function
+    def step(iterator):
+        features, targets, weights = next(iterator)
+        per_replica = strategy.run(lambda x, y, w: (model(x, training=False), y, w), args=(features, targets, weights))
+        return tf.nest.map_structure(lambda value: strategy.gather(value, axis=0), per_replica)
+
+    iterator, parts = iter(dataset), []
+    for _ in range(steps):
+        parts.append(tf.nest.map_structure(lambda tensor: tensor.numpy(), step(iterator)))
+    outputs, targets, weights = tf.nest.map_structure(lambda *arrays: np.concatenate(arrays), *parts)
+    real = weights > 0
+    return tuple(tf.nest.map_structure(lambda array: array[real], (outputs, targets)))
 
 
 def describe(metrics: dict, names: list[str]) -> str:

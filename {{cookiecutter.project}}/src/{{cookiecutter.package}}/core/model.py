@@ -16,26 +16,95 @@ from .errors import UserError
 from .keras import keras
 
 
-class AccumulatingModel(keras.Model):
-    """A functional model whose training step takes `accumulation_steps` micro-batches at once
-    ([k, per-replica batch, ...], stacked by the input pipeline) and applies the mean of their
-    float32 gradients in one optimizer update: the effective batch is k times the global batch
-    while only one micro-batch's activations are alive at a time.
+def gather(tensor):
+    """Inside a training or evaluation step (the task's `step_loss`): every replica's `tensor`
+    concatenated along axis 0, in replica order, so a batch-level loss sees the global batch; with one
+    replica, `tensor` itself. Differentiable: the gradient flows back to each replica's own part.
 
-    Why the micro-batches arrive together instead of one per step with a conditional update: the
-    optimizer's cross-replica all-reduce may not run inside control flow under a distribution
-    strategy, so the update has to happen on every step; here every step is one update.
+    Its cost is one all-gather per call per step: each replica receives (replicas - 1) x its share
+    (for [16, 128] embeddings on 8 replicas, 14,336 numbers: nothing beside the gradient all-reduce
+    of a model's every weight), and the memory of the gathered tensor and of what is computed from
+    it (a [128, 128] similarity matrix) on every replica.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return tensor
+    return context.all_gather(tensor, axis=0)
+
+
+def replica_offset(tensor):
+    """Where this replica's rows of `tensor` begin in `gather(tensor)` (0 with one replica)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return tf.constant(0, tf.int32)
+    return tf.cast(context.replica_id_in_sync_group, tf.int32) * tf.shape(tensor)[0]
+
+
+class TaskModel(keras.Model):
+    """The task's functional network with what the core adds to its step, when the run needs it:
+
+    - `accumulation_steps` > 1: the training step takes that many micro-batches at once ([k, per-replica
+      batch, ...], stacked by the input pipeline) and applies the mean of their float32 gradients in one
+      optimizer update: the effective batch is k times the global batch while only one micro-batch's
+      activations are alive at a time. (The micro-batches arrive together instead of one per step with
+      a conditional update because the optimizer's cross-replica all-reduce may not run inside control
+      flow under a distribution strategy: every step is one update.)
+    - `step_loss` (the task's, see Task.step_loss): the loss of each training and evaluation step is
+      the task's function of the whole batch, instead of the mean of a per-example loss.
     """
 
     accumulation_steps = 1
+    step_loss = None
+    loss_terms: tuple[str, ...] = ()
+
+    def track_step_loss(self, step_loss, loss_terms) -> None:
+        """Uses `step_loss`; its 'loss' and each of `loss_terms` are reported under their names (created
+        here, under the float32 policy, before any step is traced)."""
+        self.step_loss = step_loss
+        self.loss_terms = tuple(loss_terms)
+        with precision.policy("float32"):
+            self.step_trackers = {name: keras.metrics.Mean(name=name) for name in ("loss", *self.loss_terms)}
+
+    @property
+    def metrics(self):
+        trackers = list(self.step_trackers.values()) if self.step_loss is not None else []
+        return [*trackers, *super().metrics]
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        if self.step_loss is None:
+            return super().compute_loss(x, y, y_pred, sample_weight)
+        values = self.step_loss(x, y, y_pred, sample_weight)
+        values = dict(values) if isinstance(values, dict) else {"loss": values}
+        unknown = sorted(set(values) - set(self.step_trackers))
+        if "loss" not in values or unknown:
+            raise UserError(
+                f"the task's step_loss returned {sorted(values)}: it returns a scalar, or a dict with a 'loss' "
+                f"entry and entries named in the task's loss_terms ({list(self.loss_terms) or 'none'}); "
+                "add the other names to loss_terms"
+            )
+        # The examples this replica's batch counts: evaluation's padding has weight 0.
+        if sample_weight is None:
+            weight = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+        else:
+            weight = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
+        for name, value in values.items():
+            self.step_trackers[name].update_state(tf.cast(value, tf.float32), sample_weight=weight)
+        total = tf.cast(values["loss"], tf.float32)
+        if self.losses:  # the layers' regularisation, as Keras adds it to a compiled loss
+            total += tf.add_n([tf.cast(loss, tf.float32) for loss in self.losses])
+        # Each replica returns the loss of the global batch (or its estimate of it), and the replicas'
+        # gradients are summed: divided by their number, the sum is the global loss's gradient.
+        return total / tf.distribute.get_strategy().num_replicas_in_sync
 
     def train_step(self, data):
+        if self.accumulation_steps == 1:
+            return super().train_step(data)
         inputs, labels = data[0], data[1]
         trainable = self.trainable_variables
         total = [tf.zeros(variable.shape, tf.float32) for variable in trainable]
         for index in range(self.accumulation_steps):  # k is small and static: unrolled
             micro_inputs = tf.nest.map_structure(lambda tensor, i=index: tensor[i], inputs)
-            micro_labels = labels[index]
+            micro_labels = tf.nest.map_structure(lambda tensor, i=index: tensor[i], labels)
             with tf.GradientTape() as tape:
                 predictions = self(micro_inputs, training=True)
                 loss = self.compute_loss(micro_inputs, micro_labels, predictions)
@@ -47,13 +116,17 @@ class AccumulatingModel(keras.Model):
 
 
 def build_model(cfg: Config, manifest: dict) -> keras.Model:
-    """The task's network for the data described by `manifest`; with
-    `train.gradient_accumulation_steps` > 1, the same layers in an AccumulatingModel (same weights,
-    same checkpoints, same serving)."""
-    model = tasks.current().build_model(cfg.model, manifest)
-    if cfg.train.gradient_accumulation_steps > 1:
-        model = AccumulatingModel(inputs=model.inputs, outputs=model.outputs, name=model.name)
+    """The task's network for the data described by `manifest`. With `train.gradient_accumulation_steps`
+    > 1 or a task's `step_loss`, the same layers in a TaskModel (same weights, same checkpoints, same
+    serving)."""
+    task = tasks.current()
+    model = task.build_model(cfg.model, manifest)
+    step_loss = task.step_loss(cfg.objective, manifest)
+    if cfg.train.gradient_accumulation_steps > 1 or step_loss is not None:
+        model = TaskModel(inputs=model.input, outputs=model.output, name=model.name)
         model.accumulation_steps = cfg.train.gradient_accumulation_steps
+        if step_loss is not None:
+            model.track_step_loss(step_loss, task.loss_terms)
     return model
 
 
@@ -73,9 +146,12 @@ def objective_metrics(cfg: Config, manifest: dict) -> list:
     many examples keeps its digits); the predictions are cast to float32 on the way in.
     """
     task = tasks.current()
-    loss = task.loss(cfg.objective, manifest)
+    # A step_loss is reported by the model itself (TaskModel.compute_loss).
+    loss = task.loss(cfg.objective, manifest) if task.step_loss(cfg.objective, manifest) is None else None
     with precision.policy("float32"):
-        metrics = [*task.metrics(cfg.objective, manifest), keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC)]
+        metrics = task.metrics(cfg.objective, manifest)
+        if loss is not None:
+            metrics.append(keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC))
     for metric in metrics:
         used = metric.dtype_policy
         if used.compute_dtype != used.variable_dtype:
@@ -88,8 +164,22 @@ def objective_metrics(cfg: Config, manifest: dict) -> list:
 
 
 def metric_names(cfg: Config, manifest: dict) -> list[str]:
-    """The names evaluation reports: `loss` first, then the task's metrics."""
-    return ["loss", *(metric.name for metric in tasks.current().metrics(cfg.objective, manifest))]
+    """The names evaluation reports: `loss` first, then the step loss's other terms, the task's
+    metrics and its whole-split metrics."""
+    task = tasks.current()
+    terms = task.loss_terms if task.step_loss(cfg.objective, manifest) is not None else ()
+    return [
+        "loss",
+        *terms,
+        *(metric.name for metric in task.metrics(cfg.objective, manifest)),
+        *task.split_metrics(cfg.objective, manifest),
+    ]
+
+
+def step_metric_names(cfg: Config, manifest: dict) -> list[str]:
+    """The names a training step reports (the whole-split metrics are evaluation's only)."""
+    split = tasks.current().split_metrics(cfg.objective, manifest)
+    return [name for name in metric_names(cfg, manifest) if name not in split]
 
 
 def compile_model(model: keras.Model, cfg: Config, manifest: dict, steps_per_execution: int) -> keras.Model:
@@ -110,9 +200,11 @@ def compile_model(model: keras.Model, cfg: Config, manifest: dict, steps_per_exe
             weight_decay=train.weight_decay,
         )
     optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "embeddings"])  # norms, biases
+    task = tasks.current()
     model.compile(
         optimizer=optimizer,
-        loss=tasks.current().loss(cfg.objective, manifest),
+        # With a step_loss, the model computes its loss itself (TaskModel.compute_loss).
+        loss=None if task.step_loss(cfg.objective, manifest) is not None else task.loss(cfg.objective, manifest),
         weighted_metrics=objective_metrics(cfg, manifest),
         steps_per_execution=steps_per_execution,
     )

@@ -17,10 +17,13 @@ contract, in the order the data flows through them; * marks the required ones (a
     feature spec, manifest  feature_spec*, manifest_fields
     input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model                   build_model*, output_layers
-    objective               loss*, metrics, headline_metric, higher_is_better
+    objective               loss*, step_loss, loss_terms, metrics, split_metrics, headline_metric, higher_is_better
     serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
     sample data, tests      write_sample_data*, testing
     doctor                  nominal_manifest*, width_fix, doctor_rules
+
+`loss` is required unless the task has a `step_loss` (its own objective of the whole batch); a task with
+neither is refused at load like one missing any other required member.
 
 Listing to manifest runs in preprocessing (the Beam workers), input parsing to objective in training
 (tf.data and the Keras model), serving in the export and `make predict`. `needs_fit` is derived, not
@@ -161,9 +164,12 @@ class Task(abc.ABC):
     sets each as a plain class attribute (`name = "my_task"`)."""
 
     def __new__(cls, *args, **kwargs):
-        if cls.__abstractmethods__:
-            order = [member for member in vars(Task) if member in cls.__abstractmethods__]
-            raise IncompleteTask(cls, order + sorted(set(cls.__abstractmethods__) - set(order)))
+        missing = set(cls.__abstractmethods__)
+        if cls.loss is Task.loss and cls.step_loss is Task.step_loss:
+            missing.add("loss")  # one of the two objectives is required
+        if missing:
+            order = [member for member in vars(Task) if member in missing]
+            raise IncompleteTask(cls, order + sorted(missing - set(order)))
         return super().__new__(cls)
 
     # --------------------------------------------------------------- config
@@ -301,11 +307,34 @@ class Task(abc.ABC):
         return list(model.output_names)
 
     # --------------------------------------------------------------- objective
-    @abc.abstractmethod
     def loss(self, objective_config: Any, manifest: dict):
         """The Keras loss training minimises (from the model's float32 outputs). Its `call(targets,
         outputs)` gives one value per example: evaluation weights those to count every real example
-        once and reports their mean as `loss`."""
+        once and reports their mean as `loss`. Required unless the task has a `step_loss`."""
+        raise NotImplementedError(f"task {self.name} has neither loss nor step_loss")
+
+    def step_loss(self, objective_config: Any, manifest: dict) -> Callable | None:
+        """The task's own training step, when a mean of per-example losses is not its objective: None
+        (the default) trains on `loss`; otherwise a function `(features, targets, outputs, weights)`
+        that returns the loss of the step's batch (a scalar), or a dict of scalars whose 'loss' is
+        minimised and whose other entries, named in `loss_terms`, are reported beside it.
+
+        It sees the whole batch and every output of the model (a dict of outputs: several losses
+        with their weights, an auxiliary loss), and runs in the replica context, once per replica per
+        step, in training (`weights` None) and in evaluation (`weights` 1 for real examples, 0 for the
+        padding that keeps the last batches' shapes static: honour it). `core.model.gather(tensor)`
+        gives every replica's rows, the global batch, for a batch-level loss (in-batch negatives),
+        and `replica_offset(tensor)` where this replica's rows begin in it; see gather for its cost.
+        Return the loss of the global batch (or this replica's estimate of it): the core adds the
+        layers' regularisation, divides by the number of replicas, whose gradients are summed, and
+        reports the mean over the real examples. Gradient accumulation, steps_per_execution, the NaN
+        guard and the best checkpoint work as with `loss`; `make parity` says whether N replicas
+        train as one device does."""
+        return None
+
+    loss_terms: tuple[str, ...] = ()
+    """The names of `step_loss`'s entries besides 'loss' (e.g. ('contrastive', 'auxiliary')):
+    reported in the training log, evaluation, TensorBoard and metrics.json."""
 
     def metrics(self, objective_config: Any, manifest: dict) -> list:
         """Keras metrics reported in training logs, evaluation, TensorBoard and metrics.json under
@@ -314,6 +343,16 @@ class Task(abc.ABC):
         whatever the training precision (Keras' F1Score and AUC cannot report otherwise under
         mixed_bfloat16 on several replicas); a metric made with another policy is refused."""
         return []
+
+    def split_metrics(self, objective_config: Any, manifest: dict) -> dict[str, Callable]:
+        """Metrics of the whole eval split that no streaming Keras metric can compute (recall@k over
+        every candidate, mean average precision, a corpus-level score): {name: function(outputs,
+        targets) -> float}, where outputs and targets are the model's outputs and the targets of
+        every eval example exactly once (numpy arrays, or dicts of them as the model and parse_batch
+        give them; the padding removed), computed on the host after each evaluation. Reported like
+        any other metric and usable as `headline_metric`. Costs one more pass over the eval split
+        (and its outputs in host memory); none when empty, the default."""
+        return {}
 
     headline_metric: str = "loss"
     """The metric that judges a run: the name of one of `metrics()`, or `loss`. The best periodic

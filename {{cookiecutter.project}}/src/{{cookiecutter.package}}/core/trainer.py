@@ -21,7 +21,7 @@ from . import steps_per_execution as spe_lib
 from .errors import UserError
 from .evaluation import describe, evaluate_model, write_eval_summaries
 from .keras import keras
-from .model import build_model, compile_model, metric_names
+from .model import build_model, compile_model, metric_names, step_metric_names
 from .run_dir import RunRecord, checkpoint_step, export, latest_checkpoint, run_path
 from .topology import Target
 
@@ -179,7 +179,7 @@ class Trainer:
         return [
             self.first_execution,
             callbacks.NanGuard(step, self.manager),
-            callbacks.StepLog(step, cfg, self.writer, names),
+            callbacks.StepLog(step, cfg, self.writer, step_metric_names(cfg, self.manifest)),
             callbacks.GoodputProgress(step, cfg.train.log_every, cfg.train.total_steps, self.record_progress),
             self.profile_window,
             self.checkpoints,

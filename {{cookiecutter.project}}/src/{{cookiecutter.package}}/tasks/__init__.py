@@ -67,10 +67,9 @@ def load(name: str):
         package = __name__.split(".")[0]
         if error.name.split(".")[0] == package:  # a module of this project that this bake does not have
             raise UserError(
-                f"task '{name}' imports {error.name}, which this project does not have (a bake keeps only "
-                f"the shared task code its own task uses, e.g. tasks/text/ in a text bake); copy that module "
-                f"from a bake of a task that has it into src/{error.name.replace('.', '/')}, or import what "
-                "the task needs from elsewhere"
+                f"task '{name}' imports {error.name}, which this project does not have (its shared task code "
+                f"is under src/{package}/tasks/: text/ and classification.py); check the import's spelling, "
+                f"or add the module at src/{error.name.replace('.', '/')}.py"
             ) from None
         raise UserError(
             f"task '{name}' imports {error.name}, which is not installed; add its distribution to "

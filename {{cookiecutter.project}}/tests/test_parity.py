@@ -1,0 +1,135 @@
+"""make parity's verdicts, both ways, and a task's step_loss on 8 replicas against one device: small
+two-tower models on random pairs, the suite's 8-replica strategy against one CPU device, float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from {{ cookiecutter.package }} import parity
+from {{ cookiecutter.package }}.core.keras import keras
+from {{ cookiecutter.package }}.core.model import TaskModel, gather, replica_offset
+
+BATCH, STEPS = 64, 3
+
+
+@pytest.fixture(scope="module")
+def batches():
+    rng = np.random.default_rng(0)
+    pairs = []
+    for _ in range(STEPS):
+        query = rng.normal(size=(BATCH, 8)).astype("float32")
+        document = (query + 0.5 * rng.normal(size=(BATCH, 8))).astype("float32")
+        classes = query[:, :4].argmax(axis=1).astype("int32")  # learnable: the per-example loss falls
+        pairs.append(({"query": query, "document": document}, classes))
+    return pairs
+
+
+def towers(kind=keras.Model):
+    inputs = {name: keras.Input((8,), name=name) for name in ("query", "document")}
+    outputs = {name: keras.layers.Dense(16, name=f"{name}_tower")(inputs[name]) for name in inputs}
+    return kind(inputs=inputs, outputs=outputs)
+
+
+def in_batch_loss(global_negatives: bool):
+    """Each query's softmax cross-entropy over the documents of its batch: this replica's share of it,
+    or (global_negatives) the whole global batch's, gathered."""
+
+    def step_loss(features, targets, outputs, weights):
+        documents = gather(outputs["document"]) if global_negatives else outputs["document"]
+        offset = replica_offset(outputs["query"]) if global_negatives else 0
+        logits = tf.matmul(outputs["query"], documents, transpose_b=True) / 0.1
+        positives = offset + tf.range(tf.shape(logits)[0])
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits)
+        return {"loss": tf.reduce_mean(losses), "mean_logit": tf.reduce_mean(logits)}
+
+    return step_loss
+
+
+def two_tower(step_loss):
+    def make():
+        model = towers(TaskModel)
+        model.track_step_loss(step_loss, ["mean_logit"])
+        model.compile(keras.optimizers.SGD(0.05))
+        return model
+
+    return make
+
+
+def per_example():
+    """A per-example loss on the query tower (a 4-way classifier), compiled the Keras way."""
+    inputs = keras.Input((8,), name="query")
+    model = keras.Model({"query": inputs}, keras.layers.Dense(4)(keras.layers.Dense(16, activation="relu")(inputs)))
+    model.compile(keras.optimizers.Adam(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def one_device():
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def test_a_per_example_loss_trains_alike_on_one_device_and_8_replicas(strategy, batches):
+    queries = [({"query": features["query"]}, targets) for features, targets in batches]
+    curves = parity.compare(per_example, queries, one_device(), strategy)
+    assert curves.replicas == 8
+    assert curves.parting_step is None, curves
+    assert curves.causes() == []
+    assert curves.one_device[-1] < curves.one_device[0]  # it trained
+
+
+def test_a_per_replica_in_batch_loss_is_flagged_at_the_first_step(strategy, batches):
+    curves = parity.compare(two_tower(in_batch_loss(global_negatives=False)), batches, one_device(), strategy)
+    assert curves.parting_step == 0
+    # 8 candidates per query against 64: the replicas' loss is lower, and so in inference mode too.
+    assert curves.replicated_inference < 0.8 * curves.one_device_inference
+    (cause,) = curves.causes()
+    assert cause.startswith("per-replica batch-level loss") and "gather" in cause
+
+
+def test_the_in_batch_loss_over_the_gathered_batch_agrees_and_has_the_one_device_gradient(strategy, batches):
+    make = two_tower(in_batch_loss(global_negatives=True))
+    curves = parity.compare(make, batches, one_device(), strategy)
+    assert curves.parting_step is None, curves
+    assert curves.relative(curves.one_device_inference, curves.replicated_inference) < 1e-5
+    # One SGD update from the same weights on the same global batch: the same change of every weight.
+    updates = []
+    for side in (one_device(), strategy):
+        _, _, model = parity.train_curve(make, side, curves.initial, batches[:1])
+        updates.append([after - before for after, before in zip(model.get_weights(), curves.initial)])
+    for replicated, single in zip(*updates):
+        np.testing.assert_allclose(replicated, single, rtol=1e-4, atol=1e-7)
+    assert np.abs(updates[0][0]).max() > 1e-4  # the update is not zero
+
+
+def test_a_step_loss_reports_its_mean_over_the_real_examples(strategy):
+    """In evaluation, padding (weight 0) does not count: each replica's step loss is weighted by its real
+    examples, so the reported loss is the mean over every real example, and each term is reported."""
+
+    def step_loss(features, targets, outputs, weights):
+        values, weights = tf.reduce_mean(features["query"], axis=1), tf.cast(weights, tf.float32)
+        return {
+            "loss": tf.math.divide_no_nan(tf.reduce_sum(values * weights), tf.reduce_sum(weights)),
+            "mean_logit": tf.constant(1.0),
+        }
+
+    with strategy.scope():
+        model = two_tower(step_loss)()
+    values = np.array([1.0] * 16 + [3.0] * 8 + [100.0] * 8, "float32")  # the last 8: padding
+    features = {name: np.repeat(values[:, None], 8, axis=1) for name in ("query", "document")}
+    weights = np.array([1.0] * 24 + [0.0] * 8, "float32")
+    results = model.evaluate(
+        features, np.zeros(32, "int32"), sample_weight=weights, batch_size=16, verbose=0, return_dict=True
+    )
+    # (16 x 1 + 8 x 3) / 24 real examples; a mean of the two batches' losses would say 2.0.
+    assert results == {"loss": pytest.approx(40 / 24, rel=1e-6), "mean_logit": pytest.approx(1.0)}
+
+
+def test_a_step_loss_with_an_undeclared_term_is_refused_in_one_line(strategy):
+    from {{ cookiecutter.package }}.core.errors import UserError
+
+    with strategy.scope():
+        model = two_tower(lambda f, t, outputs, weights: {"loss": tf.reduce_mean(outputs["query"]), "extra": 1.0})()
+    features = {name: np.ones((16, 8), "float32") for name in ("query", "document")}
+    with pytest.raises(UserError, match=r"entries named in the task's loss_terms .*add the other names to loss_terms"):
+        model.fit(features, np.zeros(16, "int32"), batch_size=16, epochs=1, verbose=0)
