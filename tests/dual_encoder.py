@@ -1,7 +1,7 @@
 """A contrastive dual encoder written into a task that `make new-task` added, as a team would: what
 tests/test_generated.py::test_a_contrastive_dual_encoder_needs_no_edit_outside_its_package appends to
 the new task's task.py and test file. Each CSV row's features (the query) must retrieve the row's own
-target (the document) among every other row's: two towers, an in-batch softmax over the global
+record (its target and features: the document) among every other row's: two towers, an in-batch softmax over the global
 batch's documents (gathered across replicas) with its temperature a config key, and recall@1 over
 the whole eval split as the headline. `__task__` is replaced by the task's name.
 """
@@ -26,8 +26,8 @@ EMBEDDING = 16
 
 
 class DualEncoder(NewTask):
-    """Rows' features (queries) retrieve their own targets (documents): in-batch negatives over the
-    global batch, recall@1 over the whole eval split."""
+    """Rows' features (queries) retrieve their own records (target and features: documents) through two
+    towers: in-batch negatives over the global batch, recall@1 over the whole eval split."""
 
     objective_config = ObjectiveConfig
     headline_metric = "recall_at_1"
@@ -60,7 +60,12 @@ class DualEncoder(NewTask):
         }
         outputs = {
             "query": tower(inputs["features"], "query", stats["feature_mean"], stats["feature_std"]),
-            "document": tower(inputs["target"], "document", [stats["target_mean"]], [stats["target_std"]]),
+            "document": tower(
+                layers.Concatenate(name="record")([inputs["target"], inputs["features"]]),
+                "document",
+                [stats["target_mean"], *stats["feature_mean"]],
+                [stats["target_std"], *stats["feature_std"]],
+            ),
         }
         return keras.Model(inputs, outputs, name="__task__")
 

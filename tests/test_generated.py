@@ -306,9 +306,8 @@ def test_a_contrastive_dual_encoder_needs_no_edit_outside_its_package(set_up_pro
     run = project / f"runs/{name}/local"
     metrics = json.loads((run / "metrics.json").read_text())
     assert "temperature: 0.1" in (run / "config.yaml").read_text()
-    # recall@1 among every eval row's target, against chance (1 in the eval split's size).
-    chance = 1 / metrics["eval_examples"]
-    assert metrics["recall_at_1"] > 10 * chance, metrics
+    # recall@1 among every eval row's record: chance is 1 in the eval split's size (0.003).
+    assert metrics["recall_at_1"] > 0.5, metrics
     assert {"loss", "positive_similarity", "best_recall_at_1"} <= set(metrics)
     history = {entry["step"]: entry["recall_at_1"] for entry in metrics["history"]}
     assert metrics["best_recall_at_1"] == max(history.values())

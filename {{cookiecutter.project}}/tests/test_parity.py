@@ -133,3 +133,38 @@ def test_a_step_loss_with_an_undeclared_term_is_refused_in_one_line(strategy):
     features = {name: np.ones((16, 8), "float32") for name in ("query", "document")}
     with pytest.raises(UserError, match=r"entries named in the task's loss_terms .*add the other names to loss_terms"):
         model.fit(features, np.zeros(16, "int32"), batch_size=16, epochs=1, verbose=0)
+
+
+def test_a_step_loss_with_gradient_accumulation_applies_the_mean_of_the_micro_batches_updates(strategy, batches):
+    """k=2 micro-batches of 64 on 8 replicas, each with the gathered in-batch loss: one SGD update, the
+    mean of the two updates that each micro-batch alone makes on one device from the same weights."""
+    make = two_tower(in_batch_loss(global_negatives=True))
+    with one_device().scope():
+        initial = make().get_weights()
+    alone = []
+    for micro in batches[:2]:
+        _, _, model = parity.train_curve(make, one_device(), initial, [micro])
+        alone.append([after - before for after, before in zip(model.get_weights(), initial)])
+    replicas = strategy.num_replicas_in_sync
+    share = BATCH // replicas
+
+    def dataset_fn(context):
+        """One element per replica, in replica order (one input pipeline hands them out in turn): replica
+        r's rows of both micro-batches, [2, 8, ...], rows r*8..r*8+7 of each, the order gather keeps."""
+
+        def take(arrays):
+            return np.stack(
+                [np.stack([array[r * share : (r + 1) * share] for array in arrays]) for r in range(replicas)]
+            )
+
+        features = {name: take([b[0][name] for b in batches[:2]]) for name in ("query", "document")}
+        return tf.data.Dataset.from_tensor_slices((features, take([b[1] for b in batches[:2]])))
+
+    with strategy.scope():
+        model = make()
+        model.set_weights(initial)
+        model.accumulation_steps = 2
+    model.fit(strategy.distribute_datasets_from_function(dataset_fn), epochs=1, steps_per_epoch=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 1
+    for after, before, first, second in zip(model.get_weights(), initial, *alone):
+        np.testing.assert_allclose(after - before, (first + second) / 2, rtol=1e-4, atol=1e-7)

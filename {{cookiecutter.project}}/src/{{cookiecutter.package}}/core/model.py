@@ -7,6 +7,8 @@ every task returns float32 logits for a stable loss.
 
 from __future__ import annotations
 
+import types
+
 import tensorflow as tf
 
 from . import precision, schedule
@@ -63,12 +65,18 @@ class TaskModel(keras.Model):
         self.step_loss = step_loss
         self.loss_terms = tuple(loss_terms)
         with precision.policy("float32"):
-            self.step_trackers = {name: keras.metrics.Mean(name=name) for name in ("loss", *self.loss_terms)}
+            trackers = {name: keras.metrics.Mean(name=name) for name in ("loss", *self.loss_terms)}
+        # In a plain namespace, which Keras does not track: like compiled metrics, the trackers are no
+        # weights of the model (get_weights, checkpoints and the export leave them out).
+        self.tracked = types.SimpleNamespace(step=trackers)
+
+    @property
+    def step_trackers(self) -> dict:
+        return self.tracked.step if self.step_loss is not None else {}
 
     @property
     def metrics(self):
-        trackers = list(self.step_trackers.values()) if self.step_loss is not None else []
-        return [*trackers, *super().metrics]
+        return [*self.step_trackers.values(), *super().metrics]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
         if self.step_loss is None:
