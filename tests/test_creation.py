@@ -25,7 +25,7 @@ EXPECTED_FILES = {
         "tasks/__init__", "train")),
     # The library the commands share.
     *(f"src/{{package}}/core/{name}.py" for name in (
-        "__init__", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_pipeline",
+        "__init__", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_cursor", "input_pipeline",
         "keras", "model", "native_logs", "precision", "preemption", "preprocessing", "profiler", "run_dir",
         "schedule", "steps_per_execution", "task", "topology", "trainer")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.

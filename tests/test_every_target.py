@@ -124,7 +124,8 @@ DRY_RUN_COMMANDS = {
 }
 # What each benchmark's last line (JSON) holds: its own figures.
 BENCH_FIGURES = {
-    "bench": {"speedup", "train_steps_per_s_synthetic", "train_steps_per_s_real", "input_bound"},
+    "bench": {"speedup", "train_steps_per_s_synthetic", "train_steps_per_s_real", "input_bound",
+              "resumable_over_buffer_records_per_s", "resumable_same_file_neighbours"},
     "bench-spe": {"chosen", "candidates", "spe1_steps_per_s"},
     "bench-startup": {"resume_over_fresh", "rerun_over_fresh"},
     "bench-preprocess": {"beam_records_per_s", "plain_records_per_s", "ratio", "records"},

@@ -105,6 +105,18 @@ def test_end_to_end_on_cpu_reaches_the_promised_accuracy(set_up_project):
     assert_predict_agrees_with_evaluation(metrics, examples, predicted)
 
 
+@pytest.mark.slow
+def test_a_killed_and_preempted_run_resumes_bitwise_equal(set_up_project):
+    """The bake's exact-resume check (its slow tier, tests/test_train.py): runtime.deterministic on 8
+    replicas, one start SIGKILLed, the next SIGTERMed, the third finishing with the weights and
+    optimizer state of an uninterrupted run, bit for bit."""
+    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "slow",
+                            "tests/test_train.py", "-k", "bitwise_equal_to_an_uninterrupted"],
+                           cwd=set_up_project, env=project_env(), capture_output=True, text=True, timeout=1200)
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    assert "test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one PASSED" in tests.stdout
+
+
 @pytest.fixture(scope="module")
 def text_project(tmp_path_factory):
     """A text_classification bake (installed into the shared virtualenv by the image bake's setup)."""

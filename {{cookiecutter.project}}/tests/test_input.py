@@ -205,3 +205,128 @@ def test_without_lines_leaves_out_only_the_matching_native_lines(capfd):
     assert capfd.readouterr().err == "".join([lines[0], lines[2], lines[3]])
     os.write(2, b"E oneDNN supports DT_INT32 after the block: shown\n")
     assert capfd.readouterr().err == "E oneDNN supports DT_INT32 after the block: shown\n"
+
+
+# ------------------------------------------------------------------- the resumable train order
+
+
+@pytest.fixture(scope="module")
+def numbered_shards(tmp_path_factory):
+    """5 TFRecord files of 7, 3, 0, 11 and 5 records, each record its own number: what a pipeline
+    reads shows which examples it fed, and in what order."""
+    folder, files, counts, number = tmp_path_factory.mktemp("numbered"), [], [7, 3, 0, 11, 5], 0
+    for index, count in enumerate(counts):
+        path = str(folder / f"train-{index}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for _ in range(count):
+                writer.write(str(number).encode())
+                number += 1
+        files.append(path)
+    return files, counts
+
+
+def fed(files, counts, *, start=0, take, pipeline_id=0, num_pipelines=1, window=4, seed=3) -> list[int]:
+    records = input_pipeline.train_records(
+        files, counts, seed=seed, window=window, pipeline_id=pipeline_id, num_pipelines=num_pipelines, start=start
+    )
+    return [int(record) for record in records.take(take).as_numpy_iterator()]
+
+
+@pytest.mark.parametrize("num_pipelines", [1, 2, 8])  # 8 pipelines for 5 files: the record-level fallback
+def test_the_train_order_rebuilt_at_any_position_continues_it(numbered_shards, num_pipelines):
+    """Each pipeline's stream rebuilt at a position (within a window, at a window or file boundary, at
+    and across the end of an epoch) is the rest of the stream read from the start."""
+    files, counts = numbered_shards
+    for pipeline in range(num_pipelines):
+        stream = fed(files, counts, take=80, pipeline_id=pipeline, num_pipelines=num_pipelines)
+        for position in (1, 3, 4, 6, 9, 13, 20, 25, 26, 27, 40, 53):
+            rebuilt = fed(files, counts, start=position, take=12, pipeline_id=pipeline, num_pipelines=num_pipelines)
+            assert rebuilt == stream[position : position + 12], (pipeline, position)
+
+
+@pytest.mark.parametrize("num_pipelines", [1, 2, 8])
+def test_every_record_is_fed_once_per_epoch_across_pipelines_in_a_new_order_each_epoch(numbered_shards, num_pipelines):
+    files, counts = numbered_shards
+    total = sum(counts)
+    epochs = []
+    for epoch in range(3):
+        seen = []
+        for pipeline in range(num_pipelines):
+            if num_pipelines <= len(files):  # file-level: the pipeline's files, one epoch after another
+                share = sum(counts[pipeline::num_pipelines])
+                seen += fed(
+                    files, counts, start=epoch * share, take=share, pipeline_id=pipeline, num_pipelines=num_pipelines
+                )
+            else:  # record-level: every num_pipelines-th record of one stream, epochs of `total` records
+                first, end = (-(-(e * total - pipeline) // num_pipelines) for e in (epoch, epoch + 1))
+                seen += fed(
+                    files, counts, start=first, take=end - first, pipeline_id=pipeline, num_pipelines=num_pipelines
+                )
+        assert sorted(seen) == list(range(total)), (epoch, sorted(seen))
+        epochs.append(seen)
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert fed(files, counts, take=total, seed=4) != fed(files, counts, take=total, seed=3)  # the seed decides
+
+
+def test_a_resume_reads_at_most_one_window_of_one_file(numbered_shards, tmp_path):
+    """Whole files before the position are skipped by their counts, unread: a resume deep into the
+    epoch opens neither a missing earlier file nor reads the whole split."""
+    files, counts = numbered_shards
+    stream = fed(files, counts, take=26, window=2)
+    order = input_pipeline.file_order(len(files), 3, 0).numpy().tolist()
+    first = next(index for index in order if counts[index])  # the first file the epoch reads
+    moved = list(files)
+    moved[first] = str(tmp_path / "gone.tfrecord")  # a resume past it must not open it
+    assert (
+        fed(moved, counts, start=counts[first] + 1, take=5, window=2) == stream[counts[first] + 1 : counts[first] + 6]
+    )
+
+
+def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(data_dir, tmp_path):
+    from {{ cookiecutter.package }}.core import input_cursor
+
+    cfg = config.load(None, [f"data.dir={data_dir}"])
+    manifest = load_manifest(data_dir)
+    layout = input_cursor.layout(cfg, manifest, input_pipelines=1, replicas=8)
+    step = tf.Variable(120, dtype=tf.int64)
+    saved = input_cursor.InputCursor(layout, step=step.numpy)
+    saved.order = input_cursor.Order(seed=7, from_step=40)
+    path = tf.train.Checkpoint(input=saved, step=step).write(str(tmp_path / "ckpt"))
+
+    def restored(**changes):
+        cursor = input_cursor.InputCursor({**layout, **changes}, step=lambda: 0)
+        tf.train.Checkpoint(input=cursor).read(path).expect_partial()
+        return cursor
+
+    same = restored()
+    assert same.restored["step"] == 120 and same.restored["train_files"] == manifest["splits"]["train"]["files"]
+    assert same.resume(120, reseed=False) == input_cursor.Order(7, 40)  # the order goes on: position 80 steps in
+    with pytest.raises(UserError) as refused:
+        restored(global_batch_size=256, replicas=16).resume(120, reseed=False)
+    message = str(refused.value)
+    assert "\n" not in message and "global_batch_size" in message and "replicas 8 -> 16" in message
+    assert message.endswith("add runtime.resume_input=reseed to continue in a new order seeded by the step")
+    reseeded = restored(shuffle_window=4).resume(120, reseed=True)
+    assert (reseeded.seed, reseeded.from_step) == (cfg.runtime.seed + 120, 120) and "shuffle_window" in reseeded.note
+    # A checkpoint written before cursors: the trainer's restore takes it (the model and optimizer),
+    # and the run resumes in an order seeded by the step, and says so.
+    from {{ cookiecutter.package }}.core import trainer
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    def model_and_optimizer():
+        inputs = keras.Input((2,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        optimizer = keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    model, optimizer = model_and_optimizer()
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), str(tmp_path / "old"), 2).save(5)
+    model, optimizer = model_and_optimizer()
+    cursor = input_cursor.InputCursor(layout, step=lambda: 0)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, input=cursor)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "old"), 2)
+    assert trainer.restore_newest_readable(checkpoint, manager, cursor).endswith("ckpt-5")
+    assert not input_cursor.saved_in(manager.latest_checkpoint) and input_cursor.saved_in(path)
+    order = cursor.resume(120, reseed=False)
+    assert cursor.restored is None and order.from_step == 120 and "holds no input position" in order.note

@@ -11,6 +11,12 @@ against training on synthetic data already in memory, all measured in this one r
   the optimized input's examples/s over synthetic training's: below 1 the host cannot keep up.
 - synthetic training in the other precision: bfloat16's step time over float32's on this machine
   (near or under 1 where bfloat16 is native; several times 1 on a CPU that emulates it).
+- the train order: the resumable one (input_pipeline.train_records: files in a stateless order,
+  read one after another, windows of data.shuffle_buffer records permuted) against a buffer shuffle
+  over 16 interleaved files (what cannot be resumed exactly): records/s, and how mixed an epoch is
+  (adjacent records from the same file; distinct files per global batch). Preprocessing spreads
+  examples over shards by hash, so a file is a random sample and a batch from few files is no less
+  mixed in content.
 If real-data training is more than 10% slower than synthetic, the input is the bottleneck.
 Fewer train shards than parallel reads (one shard: nothing to interleave) are pointed out.
 The last line is JSON.
@@ -34,6 +40,7 @@ from .core.errors import run_cli
 from .core.model import build_model, compile_model
 
 INPUT_BOUND_MARGIN = 0.9
+MIXING_LIMIT = 200_000  # records whose files the order comparison tracks
 
 
 def examples_per_second(dataset: tf.data.Dataset, batch_size: int, min_seconds: float) -> float:
@@ -101,6 +108,87 @@ def compare_inputs(cfg, resolved, manifest: dict, files: list[str], counts, seco
     return optimized, naive
 
 
+def buffer_shuffled(files: list[str], seed: int, buffer: int, compression: str) -> tf.data.Dataset:
+    """The usual order that cannot be resumed exactly: shuffled files, 16 read at a time in parallel
+    (in whatever order they answer), then a shuffle buffer."""
+    dataset = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed).repeat()
+    dataset = dataset.interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type="GZIP" if compression == "gzip" else ""),
+        cycle_length=min(len(files), 16),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False,
+    )
+    return dataset.shuffle(buffer, seed=seed).with_options(input_pipeline.NO_AUTOTUNE)
+
+
+def epoch_mixing(records, file_of: dict, batch: int) -> tuple[float, float]:
+    """(share of adjacent records from the same file, mean distinct files per batch) of one epoch."""
+    sources = [file_of[record] for record in records]
+    same = sum(a == b for a, b in zip(sources, sources[1:])) / max(len(sources) - 1, 1)
+    batches = [sources[i : i + batch] for i in range(0, len(sources) - batch + 1, batch)]
+    return same, sum(len(set(part)) for part in batches) / max(len(batches), 1)
+
+
+def compare_orders(cfg, manifest: dict, files: list[str], counts, seconds: float) -> dict:
+    """The resumable train order against a buffer shuffle: records/s and the mixing of one epoch."""
+    compression, window, seed = manifest.get("compression", "none"), cfg.data.shuffle_buffer, cfg.runtime.seed
+    batch, total = cfg.train.global_batch_size, sum(counts)
+    if total > MIXING_LIMIT:  # every record is held to find its file: a sample of the files
+        kept = []
+        for count in counts:
+            if sum(kept) + count > MIXING_LIMIT:
+                break
+            kept.append(count)
+        files, counts = files[: max(len(kept), 1)], counts[: max(len(kept), 1)]
+        print(f"train order: measured on the first {len(files)} shards ({sum(counts)} records)", flush=True)
+        total = sum(counts)
+    file_of = {}
+    for index, path in enumerate(files):
+        for record in tf.data.TFRecordDataset(path, compression_type="GZIP" if compression == "gzip" else ""):
+            file_of[record.numpy()] = index
+    orders = {
+        "resumable": input_pipeline.train_records(files, counts, seed=seed, window=window, compression=compression),
+        "buffer": buffer_shuffled(files, seed, window, compression),
+    }
+    figures = {}
+    for name, records in orders.items():
+        rate = examples_per_second(records.batch(batch).prefetch(2), batch, seconds)
+        same, distinct = epoch_mixing(list(records.take(total).as_numpy_iterator()), file_of, batch)
+        figures[name] = {"records_per_s": rate, "same_file_neighbours": same, "files_per_batch": distinct}
+        print(
+            f"train order, {name:9s}: {rate:10.1f} records/s; adjacent records from one file {same:.2f}, "
+            f"{distinct:.1f} files per batch of {batch}",
+            flush=True,
+        )
+    # A resume rebuilds the order at its position: the time to its first batch, at the start, the
+    # middle and the end of an epoch (whole files skipped unread, at most one window read).
+    resume = {}
+    for share in (0.0, 0.5, 0.999):
+        started = time.perf_counter()
+        records = input_pipeline.train_records(
+            files, counts, seed=seed, window=window, start=int(share * total), compression=compression
+        )
+        next(iter(records.batch(batch)))
+        resume[share] = time.perf_counter() - started
+    print(
+        "train order, resume: first batch after "
+        + ", ".join(f"{seconds:.3f} s at {share:.0%} of the epoch" for share, seconds in resume.items()),
+        flush=True,
+    )
+    figures["resume_first_batch_seconds"] = {f"{share:g}": seconds for share, seconds in resume.items()}
+    expected = sum((count / total) ** 2 for count in counts)
+    ratio = figures["resumable"]["records_per_s"] / figures["buffer"]["records_per_s"]
+    print(
+        f"train order: resumable reads {ratio:.2f}x the buffer shuffle's records/s; a random order has {expected:.2f} "
+        "of adjacent records from one file",
+        flush=True,
+    )
+    return {
+        "resumable_over_buffer_records_per_s": round(ratio, 2),
+        **{f"{name}_{key}": round(value, 3) for name, values in figures.items() for key, value in values.items()},
+    }
+
+
 def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: float, seconds: float) -> dict:
     """Training steps/s of the model on synthetic data in both precisions and on the real input
     (`optimized`: the input's examples/s, printed beside the synthetic rate)."""
@@ -165,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     optimized, naive = compare_inputs(cfg, resolved, manifest, files, counts, args.seconds)
+    orders = compare_orders(cfg, manifest, files, counts, args.seconds)
     training = compare_training(cfg, resolved, manifest, chosen.precision, optimized, args.seconds)
     synthetic_rate, real_rate = training["synthetic"], training["real"]
     input_bound = real_rate < INPUT_BOUND_MARGIN * synthetic_rate
@@ -192,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "precision": chosen.precision,
                 "bfloat16_over_float32_step_time": round(bf16_over_f32, 2),
                 "input_bound": input_bound,
+                **orders,
             }
         )
     )

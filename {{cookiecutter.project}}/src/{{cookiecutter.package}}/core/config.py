@@ -40,7 +40,9 @@ class DataConfig:
     eval_fraction: float = 0.1
     """Share of examples that the stable hash of their source sends to the eval split."""
     shuffle_buffer: int = 2048
-    """Examples held in each input pipeline's shuffle buffer (training only)."""
+    """Records of each input pipeline's train order permuted together: windows of this many
+    consecutive records, each shuffled by a stateless function of (seed, epoch, window), so that a
+    resumed run rebuilds the order exactly (training only)."""
 
 
 @dataclass
@@ -108,6 +110,14 @@ class RuntimeConfig:
     cache_dir: str = ""
     """Where measurements reused across runs are kept (the `steps_per_execution: auto` choice per
     setting): a local path or gs://; empty for $XDG_CACHE_HOME/<package> (else ~/.cache/<package>)."""
+    deterministic: bool = False
+    """`true`: TensorFlow's op determinism on and the seeds fixed, so that on a CPU a run with the same
+    config (and a resumed one) is reproducible to the bit; slower (see the README). The train input's
+    order is resumable either way."""
+    resume_input: str = "exact"
+    """`exact`: a resume continues the train input's order where the checkpoint left it, and refuses
+    when the data or its layout changed since; `reseed`: after such a change, continue in a new
+    order seeded by the step."""
 
 
 def _task():
@@ -282,6 +292,8 @@ def _set(config: Config, key: str, value: Any, where: str) -> None:
 def validate(config: Config) -> Config:
     """Checks the values that have rules beyond their type; the task's sections check their own."""
     rt, tr, data = config.runtime, config.train, config.data
+    if rt.resume_input not in ("exact", "reseed"):
+        raise ConfigError(f"runtime.resume_input must be exact or reseed, got {rt.resume_input!r}")
     if rt.strategy not in STRATEGIES:
         raise ConfigError(f"runtime.strategy must be one of {', '.join(STRATEGIES)}, got {rt.strategy!r}")
     if rt.mixed_precision not in PRECISIONS:

@@ -6,10 +6,15 @@ set of shard files, so every example is read once per epoch across the slice; wh
 fewer files than pipelines it falls back to reading every record and keeping 1 in N, which
 works but makes every host read all the data (a warning says so: write more shards).
 
-Then: interleaved parallel reads, a shuffle buffer (training), batching to the per-replica
-batch with drop_remainder=True (the TPU compiles one program for one static shape), one
-vectorised parse per batch, and prefetch so the host prepares the next batches while the
-device computes. Training order is non-deterministic (faster); evaluation order is not.
+Training reads its share in an order that is a function of (seed, position) alone, so that a
+resumed run rebuilds the input at the step it stopped and sees exactly what an uninterrupted run
+would (`train_records`): each epoch's file order is a stateless permutation of (seed, epoch), the
+files are read one after another, and each window of `data.shuffle_buffer` consecutive records is
+permuted by a stateless shuffle of (seed, epoch, window). A resume skips whole files by the
+manifest's record counts without reading them, and reads at most one window of one file to find
+its place. Then: batching to the per-replica batch with drop_remainder=True (the TPU compiles one
+program for one static shape), one vectorised parse per batch in order, and prefetch so the host
+prepares the next batches while the device computes. Evaluation reads in file order.
 
 Evaluation must count every example exactly once while keeping static shapes: each pipeline
 pads its split with weight-0 examples to a whole number of global steps.
@@ -121,6 +126,94 @@ def eval_steps(examples_per_file: list[int], global_batch_size: int, num_pipelin
     return math.ceil(max(_pipeline_example_counts(examples_per_file, num_pipelines)) / per_pipeline_batch)
 
 
+def _records(paths, compression: str) -> tf.data.Dataset:
+    return tf.data.TFRecordDataset(
+        paths, compression_type="GZIP" if compression == "gzip" else "", buffer_size=8 * 2**20
+    )
+
+
+def file_order(count: int, seed: int, epoch) -> tf.Tensor:
+    """The order in which a pipeline reads its `count` files in `epoch`: a stateless permutation of
+    (seed, epoch), the same in the graph and when a resume computes it."""
+    seeds = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=seeds)
+
+
+def _window_shuffled(records: tf.data.Dataset, seed: int, epoch, first_window: int, window: int) -> tf.data.Dataset:
+    """`records` (from a window boundary of `epoch`) with each window of `window` records permuted by a
+    stateless shuffle of (seed, epoch, window index)."""
+
+    def permute(index, batch):
+        seeds = tf.stack([tf.constant(seed + 1_000_003, tf.int64), tf.cast(epoch, tf.int64) * 2**32 + index])
+        order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(batch, tf.int64)[0]), seed=seeds)
+        return tf.gather(batch, order)
+
+    return records.batch(window).enumerate(start=first_window).map(permute).unbatch()
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """What one pipeline reads of a split: its files, their record counts, and which records of the
+    stream they make it keeps (every `stride`-th from `phase`: the record-level fallback)."""
+
+    files: list[str]
+    counts: list[int]
+    stride: int
+    phase: int
+
+    @staticmethod
+    def of(files: list[str], counts: list[int], pipeline_id: int, num_pipelines: int) -> "Share":
+        if num_pipelines > 1 and len(files) >= num_pipelines:  # file-level sharding
+            return Share(files[pipeline_id::num_pipelines], counts[pipeline_id::num_pipelines], 1, 0)
+        return Share(list(files), list(counts), num_pipelines, pipeline_id)
+
+
+def train_records(
+    files: list[str],
+    examples_per_file: list[int],
+    *,
+    seed: int,
+    window: int,
+    pipeline_id: int = 0,
+    num_pipelines: int = 1,
+    start: int = 0,
+    compression: str = "none",
+) -> tf.data.Dataset:
+    """One pipeline's train records, epoch after epoch, in the resumable order, from its `start`-th.
+
+    The stream of an epoch is every file of the share in `file_order(seed, epoch)`, read one after
+    another, each window of `window` records permuted (`_window_shuffled`); the pipeline keeps its
+    records of it (all of them with file-level sharding). Record `start` is found by arithmetic on
+    the manifest's counts: whole files are skipped unread, and only the window it falls in is read
+    from its start.
+    """
+    share = Share.of(files, examples_per_file, pipeline_id, num_pipelines)
+    total = sum(share.counts)
+    if total == 0:
+        raise UserError(
+            f"input pipeline {pipeline_id} of {num_pipelines} has no train records in its {len(share.files)} files; "
+            "write more shards (preprocess --num_shards) or use fewer hosts"
+        )
+    paths = tf.constant(share.files)
+    position = start * share.stride + share.phase  # in the share's stream of all records
+    epoch, offset = divmod(position, total)
+    window_start = offset // window * window
+    order = file_order(len(share.files), seed, epoch).numpy().tolist()
+    first = before = 0  # whole files before the window start: skipped unread (window_start < total)
+    while before + share.counts[order[first]] <= window_start:
+        before += share.counts[order[first]]
+        first += 1
+    opened = _records([share.files[index] for index in order[first:]], compression).skip(window_start - before)
+    current = _window_shuffled(opened, seed, epoch, window_start // window, window).skip(offset - window_start)
+    later = tf.data.Dataset.range(epoch + 1, 2**62).flat_map(
+        lambda e: _window_shuffled(
+            _records(tf.gather(paths, file_order(len(share.files), seed, e)), compression), seed, e, 0, window
+        )
+    )
+    stream = current.concatenate(later)
+    return stream.shard(share.stride, 0) if share.stride > 1 else stream
+
+
 def make_dataset(
     files: list[str],
     examples_per_file: list[int],
@@ -136,9 +229,11 @@ def make_dataset(
     shuffle_buffer: int = 2048,
     global_batch_size: int | None = None,
     accumulation_steps: int = 1,
+    start: int = 0,
 ) -> tf.data.Dataset:
-    """One host's input. `batch_size` is per replica; training repeats forever, evaluation is one
-    padded pass yielding (features, labels, weights). `seed` must be the same on every host."""
+    """One host's input. `batch_size` is per replica; training repeats forever from `start` (the
+    records this pipeline consumed before: see `train_records`), evaluation is one padded pass
+    yielding (features, labels, weights). `seed` must be the same on every host."""
     task = tasks.current()
     record_level = num_pipelines > 1 and len(files) < num_pipelines
     if record_level:
@@ -150,33 +245,36 @@ def make_dataset(
             num_pipelines,
             num_pipelines,
         )
-    deterministic = not training or record_level  # record-level sharding needs the same order everywhere
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    if num_pipelines > 1 and not record_level:
-        dataset = dataset.shard(num_pipelines, pipeline_id)
     if training:
-        dataset = dataset.shuffle(len(files), seed=seed).repeat()
-    dataset = dataset.interleave(
-        lambda path: tf.data.TFRecordDataset(
-            path, compression_type="GZIP" if compression == "gzip" else "", buffer_size=8 * 2**20
-        ),
-        cycle_length=max(1, min(len(files), 16)),
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
-    if record_level:
-        dataset = dataset.shard(num_pipelines, pipeline_id)
-
-    if training:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed + pipeline_id).batch(batch_size, drop_remainder=True)
+        dataset = train_records(
+            files,
+            examples_per_file,
+            seed=seed,
+            window=shuffle_buffer,
+            pipeline_id=pipeline_id,
+            num_pipelines=num_pipelines,
+            start=start,
+            compression=compression,
+        ).batch(batch_size, drop_remainder=True)
         dataset = dataset.map(
             lambda batch: task.parse_batch(batch, manifest, training=True),
             num_parallel_calls=AUTOTUNE,
-            deterministic=False,
+            deterministic=True,  # the order is the resumable one
         )
         if accumulation_steps > 1:  # [k, batch, ...]: the k micro-batches of one optimizer update
             dataset = dataset.batch(accumulation_steps, drop_remainder=True)
     else:
+        dataset = tf.data.Dataset.from_tensor_slices(files)
+        if num_pipelines > 1 and not record_level:
+            dataset = dataset.shard(num_pipelines, pipeline_id)
+        dataset = dataset.interleave(
+            lambda path: _records(path, compression),
+            cycle_length=max(1, min(len(files), 16)),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=True,  # record-level sharding needs the same order everywhere
+        )
+        if record_level:
+            dataset = dataset.shard(num_pipelines, pipeline_id)
         steps = eval_steps(
             examples_per_file, global_batch_size or batch_size * num_pipelines * replicas_per_pipeline, num_pipelines
         )
@@ -205,9 +303,11 @@ def distributed_dataset(
     seed: int = 0,
     shuffle_buffer: int = 2048,
     accumulation_steps: int = 1,
+    start_step: int = 0,
 ):
     """(the per-host datasets of `split` distributed over `strategy`'s replicas, the number of
-    global steps of one evaluation pass or None when training)."""
+    global steps of one evaluation pass or None when training). Training starts where `start_step`
+    steps of this order have consumed (each pipeline's share of them)."""
     files, examples_per_file = split_files(data_dir, manifest, split)
     num_pipelines = []
 
@@ -227,6 +327,10 @@ def distributed_dataset(
             shuffle_buffer=shuffle_buffer,
             global_batch_size=global_batch_size,
             accumulation_steps=accumulation_steps if training else 1,
+            start=start_step
+            * context.get_per_replica_batch_size(global_batch_size)
+            * accumulation_steps
+            * (context.num_replicas_in_sync // context.num_input_pipelines),
         )
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)

@@ -14,7 +14,7 @@ import time
 
 import tensorflow as tf
 
-from . import callbacks, distribute, goodput, input_pipeline, precision, profiler, schedule
+from . import callbacks, distribute, goodput, input_cursor, input_pipeline, precision, profiler, schedule
 from .. import tasks
 from . import config as config_lib
 from . import steps_per_execution as spe_lib
@@ -62,6 +62,8 @@ class Trainer:
     def resolve(self) -> None:
         """Where it runs, what data it reads, the precision and the seeds; prints the data line."""
         cfg, clock = self.cfg, self.clock
+        if cfg.runtime.deterministic:  # before any op runs; for the rest of the process
+            tf.config.experimental.enable_op_determinism()
         clock.start(goodput.STRATEGY)
         self.target = distribute.resolve(cfg.runtime)
         clock.start(goodput.DATA_CHECK)
@@ -92,7 +94,12 @@ class Trainer:
             # otherwise create them at the first update, and a finished run (evaluated, never updated)
             # would warn about every slot value the checkpoint holds.
             self.model.optimizer.build(self.model.trainable_variables)
-            checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
+        # The train input's position, saved with every checkpoint (input_cursor.py).
+        self.cursor = input_cursor.InputCursor(
+            input_cursor.layout(cfg, self.manifest, self.target.hosts, self.target.replicas),
+            step=lambda: self.model.optimizer.iterations.numpy(),
+        )
+        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer, input=self.cursor)
         self.manager = tf.train.CheckpointManager(
             checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
         )
@@ -101,18 +108,30 @@ class Trainer:
             checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1
         )
         clock.start(goodput.RESTORE)
-        restore_newest_readable(checkpoint, self.manager)
+        restore_newest_readable(checkpoint, self.manager, self.cursor)
         self.initial_step = int(self.model.optimizer.iterations.numpy())
         clock.start(goodput.START_UP)
-        print(f"resumed from step {self.initial_step}" if self.initial_step else "starting from step 0", flush=True)
+        order = self.cursor.resume(self.initial_step, reseed=cfg.runtime.resume_input == "reseed")
+        if order.note:
+            print(order.note, flush=True)
+        print(
+            f"resumed from step {self.initial_step}, the input at its step {self.initial_step - order.from_step} "
+            f"of the order seeded {order.seed}"
+            if self.initial_step
+            else "starting from step 0",
+            flush=True,
+        )
 
     def settle_steps_per_execution(self) -> None:
         """The train input for this start, and the steps_per_execution it trains with (measured on the
         restored model when `auto` has nothing stored for this setting); writes config.yaml."""
         cfg = self.cfg
         self.remaining = cfg.train.total_steps - self.initial_step
+        order = self.cursor.order
         self.dataset = (
-            training_dataset(cfg, self.target, self.manifest, seed=start_seed(cfg, self.initial_step))
+            training_dataset(
+                cfg, self.target, self.manifest, seed=order.seed, start_step=self.initial_step - order.from_step
+            )
             if self.remaining > 0
             else None
         )
@@ -279,8 +298,9 @@ def describe_start(cfg: config_lib.Config, target: Target, manifest: dict, per_r
     )
 
 
-def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, seed: int):
-    """The train split, repeated and shuffled with `seed`, distributed over the replicas."""
+def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, seed: int, start_step: int = 0):
+    """The train split in the resumable order of `seed`, `start_step` steps into it, distributed over
+    the replicas."""
     dataset, _ = input_pipeline.distributed_dataset(
         resolved.strategy,
         cfg.data.dir,
@@ -291,14 +311,9 @@ def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, s
         seed=seed,
         shuffle_buffer=cfg.data.shuffle_buffer,
         accumulation_steps=cfg.train.gradient_accumulation_steps,
+        start_step=start_step,
     )
     return dataset
-
-
-def start_seed(cfg: config_lib.Config, initial_step: int) -> int:
-    """The training input's seed for a start at `initial_step`: a new one per start, so a resumed run
-    reads the train split in another order and does not replay the batches it began with."""
-    return cfg.runtime.seed + initial_step
 
 
 def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
@@ -313,14 +328,25 @@ def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifes
     return chosen.steps_per_execution, measurements
 
 
-def restore_newest_readable(checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager) -> str | None:
+def restore_newest_readable(
+    checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager, cursor=None
+) -> str | None:
     """Restores the newest checkpoint that can be read; returns its path, or None for a fresh start.
 
     A save cut short (the VM stopped mid-write, a truncated file on a full disk) leaves a newest
     checkpoint that cannot be read: that is not fatal, the one before it is used, and the log says so.
+    A checkpoint written before the input's cursor (`cursor`, the checkpoint's `input`) existed is
+    restored without it: the cursor then reports nothing restored.
     """
     for path in reversed(manager.checkpoints):
         try:
+            if cursor is not None:
+                cursor.restored = None
+                if not input_cursor.saved_in(path):
+                    tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer).restore(
+                        path
+                    ).assert_existing_objects_matched()
+                    return path
             checkpoint.restore(path).assert_existing_objects_matched()
             return path
         except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
