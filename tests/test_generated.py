@@ -219,17 +219,39 @@ REGRESSION_METRICS = '''
 '''
 
 
+def committed_bake(tmp_path, project: str):
+    """A fresh bake, committed, so that `git status` shows what adding a task changed."""
+    baked = bake(tmp_path, project=project, gcp_project="acme-ml-research", zone="us-central2-b",
+                 gcs_bucket="acme-tpu-data")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=baked, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=baked, check=True)
+    subprocess.run([*git, "commit", "-qm", "bake"], cwd=baked, check=True)
+    return baked
+
+
+def new_task_tests_pass(project, package: str, name: str) -> set:
+    """Nothing changed outside the task's package, configs and test file; its tests and the contract
+    tests on it pass. Returns the names of the tests that passed."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    changed = {line[3:] for line in status}
+    allowed = (f"src/{package}/tasks/{name}/", f"configs/{name}/", f"tests/test_task_{name}.py")
+    assert changed and all(path.startswith(allowed) for path in changed), changed
+    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                            f"tests/test_task_{name}.py", "tests/test_contract.py", "-k", name],
+                           cwd=project, env=project_env(), capture_output=True, text=True, timeout=1800)
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    # `-k` alone would pass if the contract tests stopped finding the task: the caller names what must run.
+    return set(re.findall(rf"tests/test_\w+.py::(\w+)(?:\[{name}\])? PASSED", tests.stdout))
+
+
 @pytest.mark.slow
 def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
     """The promise of the task seam, as a team would use it: `make new-task`, then a regression
     objective (MSE loss, MAE headline, lower is better) written into the new package only, then
     data -> preprocess -> train -> eval -> predict with its config, and the contract tests on it."""
-    project = bake(tmp_path, project="reg-lab", gcp_project="acme-ml-research", zone="us-central2-b",
-                   gcs_bucket="acme-tpu-data")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
-    subprocess.run([*git, "commit", "-qm", "bake"], cwd=project, check=True)
+    project = committed_bake(tmp_path, "reg-lab")
     name = "tabular_regression"
     created = make(project, "new-task", f"NAME={name}")
     assert f"task {name} added" in created
@@ -265,17 +287,7 @@ def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
     assert [name for _, name in predicted] == ["features.csv:2", "features.csv:3"]
     assert abs(float(predicted[0][0]) - 10.0) < 1.0 and abs(float(predicted[1][0]) - 11.36) < 1.0
 
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project,
-                            capture_output=True, text=True, check=True).stdout.splitlines()
-    changed = {line[3:] for line in status}
-    allowed = (f"src/reg_lab/tasks/{name}/", f"configs/{name}/", f"tests/test_task_{name}.py")
-    assert changed and all(path.startswith(allowed) for path in changed), changed
-    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider",
-                            f"tests/test_task_{name}.py", "tests/test_contract.py", "-k", name],
-                           cwd=project, env=project_env(), capture_output=True, text=True, timeout=1800)
-    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
-    # The contract ran on the new task: `-k` alone would pass if the contract tests stopped finding it.
-    passed = set(re.findall(rf"tests/test_contract.py::(\w+)\[{name}\] PASSED", tests.stdout))
+    passed = new_task_tests_pass(project, "reg_lab", name)
     assert {
         "test_parsed_batches_have_static_shapes_and_encoding_is_deterministic",
         "test_broken_inputs_are_rejected_and_listed",
@@ -293,12 +305,7 @@ def test_a_contrastive_dual_encoder_needs_no_edit_outside_its_package(set_up_pro
     one-device update; nothing outside its package, configs and test file changes."""
     from dual_encoder import TASK_CODE, TEST_CODE
 
-    project = bake(tmp_path, project="pair-lab", gcp_project="acme-ml-research", zone="us-central2-b",
-                   gcs_bucket="acme-tpu-data")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
-    subprocess.run([*git, "commit", "-qm", "bake"], cwd=project, check=True)
+    project = committed_bake(tmp_path, "pair-lab")
     name = "row_retrieval"
     assert f"task {name} added" in make(project, "new-task", f"NAME={name}")
     task_py = project / "src/pair_lab/tasks" / name / "task.py"
@@ -329,16 +336,7 @@ def test_a_contrastive_dual_encoder_needs_no_edit_outside_its_package(set_up_pro
     bad = make(project, "train", config, "ARGS=objective.temperature=0", check=False)
     assert "objective.temperature must be positive, got 0" in bad
 
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project,
-                            capture_output=True, text=True, check=True).stdout.splitlines()
-    changed = {line[3:] for line in status}
-    allowed = (f"src/pair_lab/tasks/{name}/", f"configs/{name}/", f"tests/test_task_{name}.py")
-    assert changed and all(path.startswith(allowed) for path in changed), changed
-    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider",
-                            f"tests/test_task_{name}.py", "tests/test_contract.py", "-k", name],
-                           cwd=project, env=project_env(), capture_output=True, text=True, timeout=1800)
-    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
-    passed = set(re.findall(rf"tests/test_\w+.py::(\w+)(?:\[{name}\])? PASSED", tests.stdout))
+    passed = new_task_tests_pass(project, "pair_lab", name)
     assert {
         "test_the_gathered_in_batch_loss_has_the_one_device_gradient_on_8_replicas",
         "test_training_lowers_the_eval_loss_and_keeps_the_best_headline",

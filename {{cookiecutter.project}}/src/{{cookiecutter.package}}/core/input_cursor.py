@@ -82,13 +82,11 @@ class InputCursor(tf.train.experimental.PythonState):
             self.order = Order(self.layout["seed"], 0)
             return self.order
         if self.restored is None:
-            self.order = Order(
-                self.layout["seed"] + initial_step,
+            return self.reseeded(
                 initial_step,
                 f"the checkpoint at step {initial_step} holds no input position (written before positions were "
                 "saved): the input continues in a new order seeded by the step",
             )
-            return self.order
         changed = [
             f"{key} {_short(self.restored.get(key))} -> {_short(value)}"
             for key, value in self.layout.items()
@@ -102,14 +100,17 @@ class InputCursor(tf.train.experimental.PythonState):
                     "continue the same order; restore those settings, or add runtime.resume_input=reseed to "
                     "continue in a new order seeded by the step"
                 )
-            self.order = Order(
-                self.layout["seed"] + initial_step,
+            return self.reseeded(
                 initial_step,
                 f"the input changed since step {initial_step} ({what}): continuing in a new order seeded by the "
                 "step (runtime.resume_input=reseed)",
             )
-            return self.order
         self.order = Order(int(self.restored["order_seed"]), int(self.restored["order_from_step"]))
+        return self.order
+
+    def reseeded(self, initial_step: int, note: str) -> Order:
+        """A new order from `initial_step`, seeded by it (so it does not replay the run's first batches)."""
+        self.order = Order(self.layout["seed"] + initial_step, initial_step, note)
         return self.order
 
 
