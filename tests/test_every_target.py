@@ -69,7 +69,8 @@ TARGETS: dict[str, dict] = {
     "eval": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},
     "predict": {"before": ("INPUT=x.png",), "special": "after: with two sample inputs"},
     "tensorboard": {"special": "served and read through its HTTP API, before and after"},
-    "bench": {"before": (), "after": (f"ARGS={SMALL_ARGS} --seconds 0.5",)},
+    "bench": {"before": (), "after": (f"ARGS={SMALL_ARGS} --seconds 0.5", "BENCH_ROUNDS=1")},
+    "bench-memory": {"after": (f"ARGS={SMALL_ARGS} --batches 4,32 --steps 2",)},
     "bench-spe": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # candidates up to train.log_every
     "bench-startup": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # three runs of one log interval or two
     "bench-preprocess": {"before": (), "after": ("BENCH_ARGS=--min_files=60 --repeats=1 --workers=2",)},
@@ -125,7 +126,9 @@ DRY_RUN_COMMANDS = {
 # What each benchmark's last line (JSON) holds: its own figures.
 BENCH_FIGURES = {
     "bench": {"speedup", "train_steps_per_s_synthetic", "train_steps_per_s_real", "input_bound",
-              "resumable_over_buffer_records_per_s", "resumable_same_file_neighbours"},
+              "resumable_over_buffer_records_per_s", "resumable_same_file_neighbours",
+              "trainer_over_bare", "host_peak_tflops", "trainer_tflops_per_chip", "trainer_model_flops_utilization"},
+    "bench-memory": {"measured_growth_mib", "estimated_growth_mib", "measured_over_estimated"},
     "bench-spe": {"chosen", "candidates", "spe1_steps_per_s"},
     "bench-startup": {"resume_over_fresh", "rerun_over_fresh"},
     "bench-preprocess": {"beam_records_per_s", "plain_records_per_s", "ratio", "records"},

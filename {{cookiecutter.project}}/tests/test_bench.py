@@ -42,10 +42,18 @@ def run_module(module: str, *args: str) -> tuple[str, dict]:
     return result.stdout, json.loads(lines[-1])
 
 
-@pytest.mark.slow  # compiles the model on 8 replicas three times (synthetic data in both precisions, real data)
+@pytest.mark.slow  # compiles the model on 8 replicas five times: synthetic data x2 precisions, real, trainer, bare
 def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data_dir):
     output, figures = run_module(
-        "bench_input", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY, "--seconds", "0.3"
+        "bench_input",
+        "--config",
+        "configs/local.yaml",
+        f"data.dir={data_dir}",
+        *TINY,
+        "--seconds",
+        "0.3",
+        "--rounds",
+        "1",
     )
     assert "input, optimized" in output and "input, naive" in output and "training, synthetic data" in output
     assert {
@@ -60,6 +68,11 @@ def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data
     } <= set(figures)
     assert figures["optimized_examples_per_s"] > 0 and figures["naive_examples_per_s"] > 0
     assert "bfloat16 step time" in output and figures["bfloat16_over_float32_step_time"] > 0
+    # The same order from memory; the trainer against a bare fit; this host's peak, stored for runs.
+    assert "train order, cached" in output and figures["cached_over_files_records_per_s"] > 0
+    assert "trainer/bare:" in output and figures["trainer_over_bare"] > 0
+    assert figures["host_peak_tflops"]["float32"] > 0 and figures["host_peak_tflops"]["bfloat16"] > 0
+    assert 0 < figures["trainer_model_flops_utilization"] < 1 and figures["trainer_tflops_per_chip"] > 0
 
 
 @pytest.mark.slow  # compiles the model once per candidate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 
@@ -13,10 +14,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_config
-from {{ cookiecutter.package }}.core import callbacks, goodput, input_pipeline
+from {{ cookiecutter.package }}.core import callbacks, goodput, input_pipeline, utilisation
 from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.core.model import metric_names
+from {{ cookiecutter.package }}.core.topology import Target
 
 
 @pytest.fixture
@@ -93,13 +95,22 @@ def test_step_log_prints_at_log_boundaries_and_logs_every_steps_rate(float32_pol
 
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=9", "train.log_every=4", "train.warmup_steps=3")
     writer = tf.summary.create_file_writer(str(tmp_path / "logs"))
-    log = callbacks.StepLog(0, cfg, writer, ["loss"])
+    # A step of 1 TFLOP on a host whose stored peak is 4 TFLOP/s: TFLOP/s per chip = steps/s, MFU = a quarter.
+    utilisation.store_host_peak(str(tmp_path / "cache"), "float32", 4e12)
+    used = utilisation.Utilisation(1e12, Target("cpu", 8, 1), "float32", str(tmp_path / "cache"))
+    log = callbacks.StepLog(0, cfg, writer, ["loss"], lambda: used)
     fit([log], steps=9, steps_per_execution=3)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
     # Executions end at 3, 6, 9: 6 crosses 4, 9 crosses 8 and is the last step.
     assert [int(line.split()[1].split("/")[0]) for line in lines] == [6, 9]
     assert all("steps/s" in line and "lr " in line for line in lines)
+    for line in lines:
+        rate = float(re.search(r"([\d.]+) steps/s", line).group(1))
+        tflops = float(re.search(r"([\d.]+) TFLOP/s/chip", line).group(1))
+        mfu = float(re.search(r"MFU +([\d.]+)%", line).group(1)) / 100
+        assert tflops == pytest.approx(rate, abs=0.01) and mfu == pytest.approx(rate / 4, abs=0.002)
     writer.flush()
+    assert sorted(scalar_events(tmp_path / "logs")["model_flops_utilization"]) == [6, 9]
     rates = scalar_events(tmp_path / "logs")["learning_rate"]
     assert sorted(rates) == list(range(1, 10))
     assert rates[3] == pytest.approx(log.learning_rate(3)) and rates[1] < rates[3]  # warm-up rises

@@ -33,8 +33,11 @@ def test_training_batches_have_static_shapes(data_dir):
     assert [t.shape for t in tf.nest.flatten(first)] == [s.shape for s in specs]
 
 
-def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per_pipeline=1):
-    """Simulates `num_pipelines` hosts reading the eval split; returns per-host real examples and batch counts."""
+def read_pass(
+    data_dir, manifest, num_pipelines, per_replica_batch, replicas_per_pipeline=1, cache=False, ordered=False
+):
+    """Simulates `num_pipelines` hosts reading the eval split; returns per-host real examples (a list
+    in reading order when `ordered`) and batch counts."""
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "eval")
     global_batch = per_replica_batch * replicas_per_pipeline * num_pipelines
     examples, batches = [], []
@@ -49,6 +52,7 @@ def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per
             num_pipelines=num_pipelines,
             replicas_per_pipeline=replicas_per_pipeline,
             global_batch_size=global_batch,
+            cache=cache,
         )
         batches.append(0)
         for features, targets, weights in dataset:
@@ -58,7 +62,15 @@ def read_pass(data_dir, manifest, num_pipelines, per_replica_batch, replicas_per
             for row, weight in enumerate(weights.numpy()):
                 if weight:
                     examples.append(hashlib.sha1(b"".join(tensor[row].tobytes() for tensor in tensors)).hexdigest())
-    return collections.Counter(examples), batches
+    return (examples if ordered else collections.Counter(examples)), batches
+
+
+@pytest.mark.parametrize("num_pipelines", [1, 3, 6])  # 4 shards: 6 hosts use the record-level fallback
+def test_a_cached_eval_split_reads_as_the_files_do(data_dir, num_pipelines):
+    manifest = load_manifest(data_dir)
+    read = read_pass(data_dir, manifest, num_pipelines, 4, ordered=True)
+    assert read_pass(data_dir, manifest, num_pipelines, 4, cache=True, ordered=True) == read
+    assert read_pass(data_dir, manifest, num_pipelines, 4, cache=True, ordered=True) == read  # from the held table
 
 
 @pytest.mark.parametrize("num_pipelines", [2, 3, 4, 6])  # 4 shards: 6 hosts use the record-level fallback
@@ -225,22 +237,35 @@ def numbered_shards(tmp_path_factory):
     return files, counts
 
 
-def fed(files, counts, *, start=0, take, pipeline_id=0, num_pipelines=1, window=4, seed=3) -> list[int]:
+def fed(files, counts, *, start=0, take, pipeline_id=0, num_pipelines=1, window=4, seed=3, cache=False) -> list[int]:
     records = input_pipeline.train_records(
-        files, counts, seed=seed, window=window, pipeline_id=pipeline_id, num_pipelines=num_pipelines, start=start
+        files,
+        counts,
+        seed=seed,
+        window=window,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        start=start,
+        cache=cache,
     )
     return [int(record) for record in records.take(take).as_numpy_iterator()]
 
 
+@pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("num_pipelines", [1, 2, 8])  # 8 pipelines for 5 files: the record-level fallback
-def test_the_train_order_rebuilt_at_any_position_continues_it(numbered_shards, num_pipelines):
+def test_the_train_order_rebuilt_at_any_position_continues_it(numbered_shards, num_pipelines, cache):
     """Each pipeline's stream rebuilt at a position (within a window, at a window or file boundary, at
-    and across the end of an epoch) is the rest of the stream read from the start."""
+    and across the end of an epoch) is the rest of the stream read from the start; read from memory
+    (data.cache) it is the same stream."""
     files, counts = numbered_shards
     for pipeline in range(num_pipelines):
         stream = fed(files, counts, take=80, pipeline_id=pipeline, num_pipelines=num_pipelines)
+        if cache:
+            assert fed(files, counts, take=80, pipeline_id=pipeline, num_pipelines=num_pipelines, cache=True) == stream
         for position in (1, 3, 4, 6, 9, 13, 20, 25, 26, 27, 40, 53):
-            rebuilt = fed(files, counts, start=position, take=12, pipeline_id=pipeline, num_pipelines=num_pipelines)
+            rebuilt = fed(
+                files, counts, start=position, take=12, pipeline_id=pipeline, num_pipelines=num_pipelines, cache=cache
+            )
             assert rebuilt == stream[position : position + 12], (pipeline, position)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import finished_run_of, selected, task_sample
+from conftest import config_file, finished_run_of, selected, task_sample
 from {{ cookiecutter.package }}.core import config, input_pipeline
 from {{ cookiecutter.package }} import predict, tasks, train
 from {{ cookiecutter.package }}.core import preprocessing
@@ -467,3 +467,53 @@ def test_doctor_checks_the_window_on_the_tile_grid_and_the_packing():
     assert status == "pass" and "2.0% padding" in message
     status, _, fix = packing_rule(cfg, tpu, packed(0.3))
     assert status == "warn" and "--num_shards" in fix
+
+
+def test_the_traced_training_flops_match_the_analytical_count():
+    """6 x the parameters that multiply per token, plus attention's 12 x layers x window x width
+    (Kaplan et al. 2020, Narayanan et al. 2021), for the TPU config's model."""
+    from {{ cookiecutter.package }}.core import memory
+
+    cfg = config.load(str(config_file(TASK.name, "tpu")), [])
+    model_config, seq_len = cfg.model, cfg.data.seq_len
+    model = build_model(model_config, seq_len, cfg.data.vocab_size)
+    width, depth, rows = model_config.width, model_config.depth, 8064
+    multiplying = depth * (4 * width * width + 2 * width * model_config.mlp_width) + width * rows  # tied logits
+    analytical = seq_len * (6 * multiplying + 12 * depth * seq_len * width)
+    traced = memory.trace(model, 2).training_flops_per_example
+    assert traced == pytest.approx(analytical, rel=0.1)
+
+
+def test_doctor_plans_the_memory_of_a_tpu_chip_and_names_the_levers(capsys):
+    """The shipped TPU model fits a 16 GB v5e chip; one twice as wide and 1.5x as deep does not,
+    and recomputation makes it fit; 8192-token windows with 8 heads cannot fit with every lever
+    (one block's attention over 8 windows is more than the chip)."""
+    from {{ cookiecutter.package }} import doctor
+
+    def memory_line(*overrides):
+        doctor.main(
+            [
+                "--config",
+                str(config_file(TASK.name, "tpu")),
+                "--tpu_type",
+                "v5litepod-8",
+                "--target",
+                "tpu",
+                "runtime.output_dir=/tmp/unused",
+                "data.dir=/tmp/unused",
+                *overrides,
+            ]
+        )
+        return next(line for line in capsys.readouterr().out.splitlines() if "model.memory" in line)
+
+    shipped = memory_line()
+    assert shipped.startswith("PASS") and "GiB of 14.9 GiB HBM per v5litepod chip" in shipped
+    assert "activations" in shipped and "optimizer slots" in shipped
+    wider = memory_line("model.width=512", "model.mlp_width=2048", "model.depth=6")
+    assert wider.startswith("FAIL") and "does not fit" in wider
+    assert "model.remat=true:" in wider and "train.optimizer=adafactor:" in wider
+    assert "with model.remat=true:" in wider and wider.endswith("fits")
+    longest = memory_line("data.seq_len=8192", "model.heads=8")
+    assert longest.startswith("FAIL") and "it cannot fit one chip with data parallelism" in longest
+    assert "train.gradient_accumulation_steps=" in longest and "model parallelism" in longest
+    assert "8 examples per replica keep" in longest

@@ -1,5 +1,6 @@
-"""Is training input-bound? The input pipeline against a naive one, and training on real data
-against training on synthetic data already in memory, all measured in this one run.
+"""Is training input-bound, and what does the trainer cost? The input pipeline against a naive
+one, training on real data against training on synthetic data already in memory, and the trainer
+against a bare `model.fit`, all measured in this one run.
 
     make bench            # python -m {{ cookiecutter.package }}.bench_input --config configs/local.yaml
 
@@ -16,7 +17,14 @@ against training on synthetic data already in memory, all measured in this one r
   over 16 interleaved files (what cannot be resumed exactly): records/s, and how mixed an epoch is
   (adjacent records from the same file; distinct files per global batch). Preprocessing spreads
   examples over shards by hash, so a file is a random sample and a batch from few files is no less
-  mixed in content.
+  mixed in content. The same order read from memory (data.cache=auto) against the files.
+- host peak: the best FLOP/s of a 2048 x 2048 matrix multiply, in float32 and bfloat16 (CPU only;
+  stored in runtime.cache_dir, where every later run on this host reads it for its MFU)
+- trainer: `make train`'s whole path for train.total_steps steps (callbacks, step log, checkpoints
+  at train.checkpoint_every, the preemption watch), its steps/s after the first execution; bare:
+  build_model + compile_model + model.fit on the same distributed input with a timer only, the
+  same steps and steps_per_execution, alternating --rounds times; the median ratio (goal >= 0.97),
+  and the trainer's TFLOP/s per chip and model FLOPs utilisation.
 If real-data training is more than 10% slower than synthetic, the input is the bottleneck.
 Fewer train shards than parallel reads (one shard: nothing to interleave) are pointed out.
 The last line is JSON.
@@ -26,18 +34,23 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import tensorflow as tf
 
 from .core import config as config_lib
-from .core import distribute, input_pipeline, precision, topology
+from .core import distribute, input_pipeline, precision, topology, utilisation
 from . import tasks
 from .core import steps_per_execution as spe_lib
 from .core.errors import run_cli
+from .core.keras import keras
 from .core.model import build_model, compile_model
+from .core.trainer import Trainer, choose_steps_per_execution, training_dataset
 
 INPUT_BOUND_MARGIN = 0.9
 MIXING_LIMIT = 200_000  # records whose files the order comparison tracks
@@ -160,6 +173,19 @@ def compare_orders(cfg, manifest: dict, files: list[str], counts, seconds: float
             f"{distinct:.1f} files per batch of {batch}",
             flush=True,
         )
+    # data.cache=auto: the same order from the records held in memory (read in once per process).
+    started = time.perf_counter()
+    from_memory = input_pipeline.train_records(
+        files, counts, seed=seed, window=window, compression=compression, cache=True
+    )
+    read_in = time.perf_counter() - started
+    cached_rate = examples_per_second(from_memory.batch(batch).prefetch(2), batch, seconds)
+    cached_over_files = cached_rate / figures["resumable"]["records_per_s"]
+    print(
+        f"train order, cached   : {cached_rate:10.1f} records/s from memory, {cached_over_files:.2f}x the files' "
+        f"(the share read in once per process, {read_in:.2f} s)",
+        flush=True,
+    )
     # A resume rebuilds the order at its position: the time to its first batch, at the start, the
     # middle and the end of an epoch (whole files skipped unread, at most one window read).
     resume = {}
@@ -185,6 +211,8 @@ def compare_orders(cfg, manifest: dict, files: list[str], counts, seconds: float
     )
     return {
         "resumable_over_buffer_records_per_s": round(ratio, 2),
+        "cached_over_files_records_per_s": round(cached_over_files, 2),
+        "cache_read_in_seconds": round(read_in, 3),
         **{f"{name}_{key}": round(value, 3) for name, values in figures.items() for key, value in values.items()},
     }
 
@@ -232,11 +260,96 @@ def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: floa
     return {"synthetic": synthetic_rate, "real": real_rate, "bfloat16_over_float32": bf16_over_f32}
 
 
+# ------------------------------------------------------------------ the trainer and the host's peak
+
+
+class _Timer(keras.callbacks.Callback):
+    """Steps/s of a fit after its first execution, from its batch-end callbacks."""
+
+    def __init__(self, spe: int):
+        super().__init__()
+        self.spe, self.ends = spe, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+    def rate(self) -> float:
+        return (len(self.ends) - 1) * self.spe / (self.ends[-1] - self.ends[0])
+
+
+def bare_rate(cfg, resolved, manifest, spe: int) -> float:
+    keras.backend.clear_session()
+    with resolved.strategy.scope():
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
+    timer = _Timer(spe)
+    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
+    model.fit(dataset, epochs=1, steps_per_epoch=cfg.train.total_steps, callbacks=[timer], verbose=0)
+    return timer.rate()
+
+
+def trainer_rate(cfg, workdir: str, round_: int) -> tuple[float, dict]:
+    keras.backend.clear_session()
+    run = replace(cfg, runtime=replace(cfg.runtime, output_dir=f"{workdir}/trainer{round_}"))
+    metrics = Trainer(run).run()
+    return metrics["examples_per_second"] / cfg.effective_batch_size, metrics
+
+
+def host_peaks(cfg, resolved, seconds: float) -> dict:
+    """This host's matrix-multiply peak in each precision (a CPU target only), stored for runs."""
+    peaks = {}
+    if resolved.kind != "cpu":
+        return peaks
+    for name in ("float32", "bfloat16"):
+        peaks[name] = utilisation.measure_host_peak(name, seconds=seconds)
+        path = utilisation.store_host_peak(cfg.runtime.cache_dir, name, peaks[name])
+        print(f"host peak, {name:8s}: {peaks[name] / 1e12:7.3f} TFLOP/s ({utilisation.cpu_model()})", flush=True)
+    print(f"  stored in {path}: runs on this host read their MFU against the peak of their precision", flush=True)
+    return {"host_peak_tflops": {name: round(value / 1e12, 3) for name, value in peaks.items()}}
+
+
+def trainer_over_bare(cfg, resolved, manifest: dict, rounds: int) -> dict:
+    """The trainer's steps/s over a bare fit's, alternating `rounds` times; the trainer's MFU."""
+    cfg = replace(cfg, train=replace(cfg.train), runtime=replace(cfg.runtime))
+    spe, _ = choose_steps_per_execution(cfg, resolved, manifest)
+    cfg.train.steps_per_execution = spe
+    cfg.runtime.mixed_precision = precision.choose(cfg.runtime.mixed_precision, resolved.kind).precision
+    trainer_rates, bare_rates, last = [], [], {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for round_ in range(rounds):
+            rate, last = trainer_rate(cfg, workdir, round_)
+            trainer_rates.append(rate)
+            bare_rates.append(bare_rate(cfg, resolved, manifest, spe))
+            print(
+                f"round {round_ + 1}: trainer {trainer_rates[-1]:8.2f} steps/s, "
+                f"bare model.fit {bare_rates[-1]:8.2f} steps/s",
+                flush=True,
+            )
+    ratio = statistics.median(trainer_rates) / statistics.median(bare_rates)
+    mfu = last.get("model_flops_utilization")
+    print(
+        f"trainer/bare: {ratio:.3f} (goal >= 0.97) over {cfg.train.total_steps} steps at spe {spe}, "
+        f"{cfg.runtime.mixed_precision}, {resolved.replicas} replicas; the trainer at "
+        f"{last.get('tflops_per_chip', float('nan')):.3f} TFLOP/s per chip"
+        + (f", MFU {mfu:.1%}" if mfu is not None else ""),
+        flush=True,
+    )
+    return {
+        "trainer_over_bare": round(ratio, 3),
+        "trainer_steps_per_s": [round(rate, 2) for rate in trainer_rates],
+        "bare_steps_per_s": [round(rate, 2) for rate in bare_rates],
+        "trainer_tflops_per_chip": last.get("tflops_per_chip"),
+        "trainer_model_flops_utilization": mfu,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, args = config_lib.command_line(
         __doc__.split("\n\n")[0],
         argv,
-        lambda parser: parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
+        lambda parser: (
+            parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
+            parser.add_argument("--rounds", type=int, default=2, help="trainer and bare-fit runs, alternating"),
+        ),
     )
     resolved = distribute.resolve(cfg.runtime)
     manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
@@ -267,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     bf16_over_f32 = training["bfloat16_over_float32"]
+    peaks = host_peaks(cfg, resolved, args.seconds)
+    trainer = trainer_over_bare(cfg, resolved, manifest, args.rounds)
     print(
         json.dumps(
             {
@@ -282,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "bfloat16_over_float32_step_time": round(bf16_over_f32, 2),
                 "input_bound": input_bound,
                 **orders,
+                **peaks,
+                **trainer,
             }
         )
     )

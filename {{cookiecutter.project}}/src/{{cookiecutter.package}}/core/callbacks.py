@@ -108,13 +108,16 @@ class StepLog(BetweenExecutions):
     the learning rate and the throughput; the same in TensorBoard. Metrics are reset after each
     line, so each covers the steps since the one before (Keras would report means since fit began)."""
 
-    def __init__(self, initial_step: int, cfg, writer, metric_names: list[str]):
+    def __init__(self, initial_step: int, cfg, writer, metric_names: list[str], utilisation: Callable[[], object]):
         super().__init__(initial_step)
         self.cfg, self.writer, self.metric_names = cfg, writer, metric_names
         self.peak = schedule.scaled_learning_rate(
             cfg.train.base_learning_rate, cfg.effective_batch_size, cfg.train.base_batch_size
         )
         self.last_step, self.last_time = initial_step, None
+        # The model FLOPs are counted after the first execution (tracing the model takes a moment,
+        # kept out of the time to first step and out of the timed windows).
+        self.make_utilisation, self.utilisation = utilisation, None
 
     def learning_rate(self, step: int) -> float:
         return schedule.learning_rate_at(step, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps)
@@ -122,6 +125,9 @@ class StepLog(BetweenExecutions):
     def on_execution_end(self, step, previous, logs):
         now = time.perf_counter()
         if self.last_time is None:  # the first execution (compilation) is not timed
+            self.utilisation = self.make_utilisation()
+            print(self.utilisation.describe(), flush=True)
+            now = time.perf_counter()
             self.last_step, self.last_time = step, now
         with self.writer.as_default():
             # The schedule is a pure function of the step: every step's rate is logged, not only the last.
@@ -138,15 +144,20 @@ class StepLog(BetweenExecutions):
         examples = rate * self.cfg.effective_batch_size
         self.last_step, self.last_time = step, now
         values = "  ".join(f"{name} {logs[name]:.4f}" for name in self.metric_names)
+        tflops, mfu = self.utilisation.tflops_per_chip(rate), self.utilisation.mfu(rate)
         print(
             f"step {step:6d}/{self.cfg.train.total_steps}  {values}  lr {self.learning_rate(step):.5f}  "
-            f"{rate:7.2f} steps/s  {examples:9.1f} examples/s",
+            f"{rate:7.2f} steps/s  {examples:9.1f} examples/s  {tflops:7.3f} TFLOP/s/chip"
+            + (f"  MFU {mfu:6.1%}" if mfu is not None else ""),
             flush=True,
         )
         if math.isfinite(rate):
             with self.writer.as_default():
                 tf.summary.scalar("steps_per_second", rate, step=step)
                 tf.summary.scalar("examples_per_second", examples, step=step)
+                tf.summary.scalar("tflops_per_chip", tflops, step=step)
+                if mfu is not None:
+                    tf.summary.scalar("model_flops_utilization", mfu, step=step)
         self.writer.flush()
         self.model.reset_metrics()
 

@@ -43,14 +43,21 @@ class DataConfig:
     """Records of each input pipeline's train order permuted together: windows of this many
     consecutive records, each shuffled by a stateless function of (seed, epoch, window), so that a
     resumed run rebuilds the order exactly (training only)."""
+    cache: Literal["auto", "none"] = "auto"
+    """`auto`: each host keeps a split's records in memory, read once, when its share fits the smaller
+    of a quarter of the host's available memory and 1 GiB; later epochs and evaluations read no
+    storage (a gs:// split is downloaded once per process). The order is unchanged. `none`: always
+    read the files (input_pipeline.py)."""
 
 
 @dataclass
 class TrainConfig:
     global_batch_size: int = 128
     """Examples per step across all replicas; must divide evenly by the number of replicas."""
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    """`sgd` (Nesterov momentum: convolutional nets) or `adamw` (Transformers)."""
+    optimizer: Literal["sgd", "adamw", "adafactor"] = "sgd"
+    """`sgd` (Nesterov momentum: convolutional nets), `adamw` (Transformers) or `adafactor` (a
+    factored second moment and no momentum: about no optimizer memory for matrices, where AdamW
+    keeps two copies; core/optimizers.py)."""
     gradient_accumulation_steps: int = 1
     """Global batches whose mean gradient makes one optimizer update: the effective batch is
     global_batch_size x this (when TPU memory caps the batch). The learning-rate scaling, warm-up

@@ -69,7 +69,17 @@ def _tpu(runtime: RuntimeConfig) -> Target:
             "or use runtime.strategy=auto"
         ) from None
     hosts = strategy.extended.num_hosts
-    return Target("tpu", strategy.num_replicas_in_sync, hosts, f"runtime.tpu={runtime.tpu}", strategy=strategy)
+    # The TPU type (its generation sets the chip's HBM and peak): the VM's, else the project's.
+    tpu_type = os.environ.get("TPU_ACCELERATOR_TYPE") or topology.DEFAULT_TPU_TYPE
+    return Target(
+        "tpu",
+        strategy.num_replicas_in_sync,
+        hosts,
+        f"runtime.tpu={runtime.tpu}",
+        tpu_type=tpu_type,
+        chips=topology.chips_of(tpu_type, strategy.num_replicas_in_sync),
+        strategy=strategy,
+    )
 
 
 @functools.lru_cache(maxsize=None)

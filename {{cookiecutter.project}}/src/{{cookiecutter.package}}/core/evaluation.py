@@ -39,14 +39,14 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> d
     """The task's weighted metrics and loss over the whole eval split, and its throughput."""
     sync_replica_statistics(model, strategy)
     dataset, steps = input_pipeline.distributed_dataset(
-        strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
+        strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False, cache=cfg.data.cache
     )
     started = time.perf_counter()
     results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
     split_metrics = tasks.current().split_metrics(cfg.objective, manifest)
     if split_metrics:
         dataset, steps = input_pipeline.distributed_dataset(
-            strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False
+            strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False, cache=cfg.data.cache
         )
         outputs, targets = split_outputs(model, strategy, dataset, steps)
         results.update({name: function(outputs, targets) for name, function in split_metrics.items()})

@@ -132,6 +132,54 @@ def _records(paths, compression: str) -> tf.data.Dataset:
     )
 
 
+# data.cache=auto: a host keeps a split's records in memory, read once, when its share fits the
+# smaller of a quarter of the host's available memory and 1 GiB (tf.data holds them as a constant
+# of its graph). Reading from memory skips the storage reads of every later epoch and evaluation
+# (a gs:// split is downloaded once per process); the order, and so exact resume, is unchanged.
+CACHE_LIMIT_BYTES = 2**30
+
+
+def cache_budget() -> int:
+    try:
+        with open("/proc/meminfo") as handle:
+            available = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+    return min(CACHE_LIMIT_BYTES, available // 4)
+
+
+_TABLES: dict = {}  # the record tables of this process, by (files, compression)
+
+
+class RecordTable:
+    """Every record of `files`, read once into host memory: a [file, record] string tensor. The
+    same files (an evaluation after another) are read once per process."""
+
+    def __new__(cls, files: list[str], compression: str):
+        key = (tuple(files), compression)
+        if key not in _TABLES:
+            table = super().__new__(cls)
+            rows = [list(_records(path, compression).as_numpy_iterator()) for path in files]
+            flat = [record for row in rows for record in row]
+            table.table = tf.RaggedTensor.from_row_lengths(
+                tf.constant(flat, tf.string, shape=[len(flat)]), [len(row) for row in rows]
+            )
+            _TABLES[key] = table
+        return _TABLES[key]
+
+    def records(self, order) -> tf.data.Dataset:
+        """The records of the files at `order` (indices into `files`), one file after another."""
+        return tf.data.Dataset.from_tensor_slices(tf.gather(self.table, order).flat_values)
+
+    def file(self, index) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(self.table[index])
+
+
+def cached(split_bytes: float, share: float, cache: str) -> bool:
+    """Whether a pipeline keeps its `share` of a split of `split_bytes` in memory (data.cache)."""
+    return cache == "auto" and split_bytes * share <= cache_budget()
+
+
 def file_order(count: int, seed: int, epoch) -> tf.Tensor:
     """The order in which a pipeline reads its `count` files in `epoch`: a stateless permutation of
     (seed, epoch), the same in the graph and when a resume computes it."""
@@ -178,6 +226,7 @@ def train_records(
     num_pipelines: int = 1,
     start: int = 0,
     compression: str = "none",
+    cache: bool = False,
 ) -> tf.data.Dataset:
     """One pipeline's train records, epoch after epoch, in the resumable order, from its `start`-th.
 
@@ -185,7 +234,8 @@ def train_records(
     another, each window of `window` records permuted (`_window_shuffled`); the pipeline keeps its
     records of it (all of them with file-level sharding). Record `start` is found by arithmetic on
     the manifest's counts: whole files are skipped unread, and only the window it falls in is read
-    from its start.
+    from its start. With `cache` the share's records are read once into memory (`RecordTable`) and
+    every epoch is taken from there, in the same order.
     """
     share = Share.of(files, examples_per_file, pipeline_id, num_pipelines)
     total = sum(share.counts)
@@ -203,12 +253,17 @@ def train_records(
     while before + share.counts[order[first]] <= window_start:
         before += share.counts[order[first]]
         first += 1
-    opened = _records([share.files[index] for index in order[first:]], compression).skip(window_start - before)
+    if cache:
+        table = RecordTable(share.files, compression)
+        read = table.records
+        opened = read(tf.constant(order[first:], tf.int64))
+    else:
+        read = lambda order: _records(tf.gather(paths, order), compression)  # noqa: E731
+        opened = _records([share.files[index] for index in order[first:]], compression)
+    opened = opened.skip(window_start - before)
     current = _window_shuffled(opened, seed, epoch, window_start // window, window).skip(offset - window_start)
     later = tf.data.Dataset.range(epoch + 1, 2**62).flat_map(
-        lambda e: _window_shuffled(
-            _records(tf.gather(paths, file_order(len(share.files), seed, e)), compression), seed, e, 0, window
-        )
+        lambda e: _window_shuffled(read(file_order(len(share.files), seed, e)), seed, e, 0, window)
     )
     stream = current.concatenate(later)
     return stream.shard(share.stride, 0) if share.stride > 1 else stream
@@ -230,6 +285,7 @@ def make_dataset(
     global_batch_size: int | None = None,
     accumulation_steps: int = 1,
     start: int = 0,
+    cache: bool = False,
 ) -> tf.data.Dataset:
     """One host's input. `batch_size` is per replica; training repeats forever from `start` (the
     records this pipeline consumed before: see `train_records`), evaluation is one padded pass
@@ -255,6 +311,7 @@ def make_dataset(
             num_pipelines=num_pipelines,
             start=start,
             compression=compression,
+            cache=cache,
         ).batch(batch_size, drop_remainder=True)
         dataset = dataset.map(
             lambda batch: task.parse_batch(batch, manifest, training=True),
@@ -264,11 +321,14 @@ def make_dataset(
         if accumulation_steps > 1:  # [k, batch, ...]: the k micro-batches of one optimizer update
             dataset = dataset.batch(accumulation_steps, drop_remainder=True)
     else:
-        dataset = tf.data.Dataset.from_tensor_slices(files)
-        if num_pipelines > 1 and not record_level:
-            dataset = dataset.shard(num_pipelines, pipeline_id)
+        mine = files[pipeline_id::num_pipelines] if num_pipelines > 1 and not record_level else files
+        if cache:
+            table = RecordTable(mine, compression)
+            dataset, read = tf.data.Dataset.range(len(mine)), table.file
+        else:
+            dataset, read = tf.data.Dataset.from_tensor_slices(mine), lambda path: _records(path, compression)
         dataset = dataset.interleave(
-            lambda path: _records(path, compression),
+            read,
             cycle_length=max(1, min(len(files), 16)),
             num_parallel_calls=AUTOTUNE,
             deterministic=True,  # record-level sharding needs the same order everywhere
@@ -304,11 +364,13 @@ def distributed_dataset(
     shuffle_buffer: int = 2048,
     accumulation_steps: int = 1,
     start_step: int = 0,
+    cache: str = "none",
 ):
     """(the per-host datasets of `split` distributed over `strategy`'s replicas, the number of
     global steps of one evaluation pass or None when training). Training starts where `start_step`
-    steps of this order have consumed (each pipeline's share of them)."""
+    steps of this order have consumed (each pipeline's share of them). `cache` is data.cache."""
     files, examples_per_file = split_files(data_dir, manifest, split)
+    split_bytes = manifest["splits"][split].get("bytes", 0)
     num_pipelines = []
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -331,6 +393,7 @@ def distributed_dataset(
             * context.get_per_replica_batch_size(global_batch_size)
             * accumulation_steps
             * (context.num_replicas_in_sync // context.num_input_pipelines),
+            cache=cached(split_bytes, 1 / context.num_input_pipelines, cache),
         )
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)

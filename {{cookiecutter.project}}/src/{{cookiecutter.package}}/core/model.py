@@ -11,7 +11,7 @@ import types
 
 import tensorflow as tf
 
-from . import precision, schedule
+from . import optimizers, precision
 from .. import tasks
 from .config import Config
 from .errors import UserError
@@ -197,17 +197,7 @@ def compile_model(model: keras.Model, cfg: Config, manifest: dict, steps_per_exe
     The metrics are weighted so that evaluation, which pads the last steps with weight-0
     examples to keep shapes static, counts every real example exactly once.
     """
-    train = cfg.train
-    if train.optimizer == "adamw":
-        optimizer = keras.optimizers.AdamW(learning_rate=schedule.from_config(train), weight_decay=train.weight_decay)
-    else:
-        optimizer = keras.optimizers.SGD(
-            learning_rate=schedule.from_config(train),
-            momentum=train.momentum,
-            nesterov=True,
-            weight_decay=train.weight_decay,
-        )
-    optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "embeddings"])  # norms, biases
+    optimizer = optimizers.make(cfg.train)
     task = tasks.current()
     model.compile(
         optimizer=optimizer,

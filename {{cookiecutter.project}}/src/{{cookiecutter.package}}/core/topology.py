@@ -71,6 +71,48 @@ class Target:
         return f"{where} ({self.why})" if self.why else where
 
 
+@dataclass(frozen=True)
+class Chip:
+    """One TPU chip of a generation, as its Cloud TPU page gives it."""
+
+    hbm_bytes: int
+    peak_bf16_flops: float
+    """Peak bfloat16 FLOP/s of the chip (all its TensorCores)."""
+    replicas: int
+    """Replicas (TensorFlow devices) per chip: v2/v3 chips are two TensorCores, two devices."""
+    source: str
+
+    @property
+    def replica_hbm_bytes(self) -> int:
+        return self.hbm_bytes // self.replicas
+
+
+# From cloud.google.com/tpu/docs/<generation> ("HBM capacity per chip", "Peak compute per chip
+# (bf16)") and /tpu/docs/system-architecture-tpu-vm; the pages give v2-v4 in GiB, v5e-v6e in GB.
+CHIPS = {
+    "v2": Chip(16 * 2**30, 45e12, 2, "cloud.google.com/tpu/docs/system-architecture-tpu-vm"),
+    "v3": Chip(32 * 2**30, 123e12, 2, "cloud.google.com/tpu/docs/system-architecture-tpu-vm"),
+    "v4": Chip(32 * 2**30, 275e12, 1, "cloud.google.com/tpu/docs/v4"),
+    "v5litepod": Chip(16 * 10**9, 197e12, 1, "cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip(95 * 10**9, 459e12, 1, "cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip(32 * 10**9, 918e12, 1, "cloud.google.com/tpu/docs/v6e"),
+}
+
+
+def chip(tpu_type: str) -> Chip:
+    """The chip of a TPU type, e.g. v5litepod-16 -> v5e's."""
+    generation = tpu_type.split("-")[0]
+    if generation not in CHIPS:
+        raise ValueError(f"unknown TPU type {tpu_type!r}; expected e.g. v4-8, v5litepod-16, v6e-8")
+    return CHIPS[generation]
+
+
+def chips_of(tpu_type: str, replicas: int) -> int:
+    """TPU chips holding `replicas` devices of `tpu_type`'s generation (0 when it is unknown)."""
+    generation = tpu_type.split("-")[0]
+    return max(1, replicas // CHIPS[generation].replicas) if generation in CHIPS else 0
+
+
 def topology(tpu_type: str = DEFAULT_TPU_TYPE) -> Target:
     """The TPU `tpu_type` (e.g. v4-32) as chips, hosts and replicas."""
     match = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)", tpu_type)

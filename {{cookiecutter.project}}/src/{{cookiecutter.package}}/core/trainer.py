@@ -14,7 +14,8 @@ import time
 
 import tensorflow as tf
 
-from . import callbacks, distribute, goodput, input_cursor, input_pipeline, precision, profiler, schedule
+from . import callbacks, distribute, goodput, input_cursor, input_pipeline, memory, precision, profiler, schedule
+from . import utilisation as utilisation_lib
 from .. import tasks
 from . import config as config_lib
 from . import steps_per_execution as spe_lib
@@ -23,6 +24,7 @@ from .evaluation import describe, evaluate_model, write_eval_summaries
 from .keras import keras
 from .model import build_model, compile_model, metric_names, step_metric_names
 from .run_dir import RunRecord, checkpoint_step, export, latest_checkpoint, run_path
+from . import topology as topology_lib
 from .topology import Target
 
 
@@ -163,6 +165,8 @@ class Trainer:
                     self.model.fit(
                         self.dataset, epochs=1, steps_per_epoch=self.remaining, callbacks=callback_list, verbose=0
                     )
+        except tf.errors.ResourceExhaustedError as error:
+            raise UserError(out_of_memory(cfg, self.manifest, self.target, error)) from None
         finally:
             self.profile_window.stop()
             self.writer.flush()
@@ -184,6 +188,9 @@ class Trainer:
         self.profile_window = callbacks.ProfileWindow(step, cfg.profile_window(), output_dir)
         self.checkpoints = callbacks.Checkpoints(step, self.manager, cfg.train.checkpoint_every)
         self.preemption = callbacks.Preemption(step, self.checkpoints, cfg.runtime.metadata_poll_seconds)
+        self.step_log = callbacks.StepLog(
+            step, cfg, self.writer, step_metric_names(cfg, self.manifest), self.utilisation
+        )
         history = [entry for entry in self.record.get("history", []) if entry["step"] <= step]
         self.evaluation = callbacks.PeriodicEvaluation(
             step,
@@ -198,13 +205,23 @@ class Trainer:
         return [
             self.first_execution,
             callbacks.NanGuard(step, self.manager),
-            callbacks.StepLog(step, cfg, self.writer, step_metric_names(cfg, self.manifest)),
+            self.step_log,
             callbacks.GoodputProgress(step, cfg.train.log_every, cfg.train.total_steps, self.record_progress),
             self.profile_window,
             self.checkpoints,
             self.preemption,
             self.evaluation,
         ]
+
+    def utilisation(self) -> utilisation_lib.Utilisation:
+        """The step's model FLOPs (traced from the model, core/memory.py) against the chip's peak."""
+        cfg = self.cfg
+        per_replica = self.target.per_replica_batch_size(cfg.train.global_batch_size)
+        flops_per_example = 3 * memory.forward_flops(self.model, per_replica) / per_replica
+        self.flops_per_step = flops_per_example * cfg.effective_batch_size
+        return utilisation_lib.Utilisation(
+            self.flops_per_step, self.target, cfg.runtime.mixed_precision, cfg.runtime.cache_dir
+        )
 
     def record_progress(self, step: int, end: str = "running") -> dict:
         """This start's entry in the goodput record, written to the run record with the calibration."""
@@ -243,6 +260,13 @@ class Trainer:
         if not math.isfinite(throughput):
             throughput = self.record.get("examples_per_second") or 0.0
         metrics.update(global_step=step, examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
+        used = getattr(self.step_log, "utilisation", None)
+        if used is not None and throughput > 0:
+            steps_per_second = throughput / cfg.effective_batch_size
+            metrics["tflops_per_chip"] = round(used.tflops_per_chip(steps_per_second), 4)
+            mfu = used.mfu(steps_per_second)
+            if mfu is not None:
+                metrics["model_flops_utilization"] = round(mfu, 4)
         if self.checkpoints.save_seconds:
             metrics["checkpoint_save_seconds"] = round(max(self.checkpoints.save_seconds), 3)
         if cfg.train.eval_every:
@@ -275,6 +299,33 @@ class Trainer:
 
 
 # ------------------------------------------------------------------------------- the pieces
+
+
+def out_of_memory(cfg: config_lib.Config, manifest: dict, target: Target, error: Exception) -> str:
+    """One line for a step that ran out of device memory: the estimate of what it needs (the model
+    rebuilt on the CPU and traced, core/memory.py), the device's memory and the levers."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
+    hbm = topology_lib.chip(target.tpu_type).replica_hbm_bytes if target.kind == "tpu" and target.tpu_type else 0
+    try:
+        policy = "mixed_bfloat16" if cfg.runtime.mixed_precision == "bfloat16" else "float32"
+        with tf.device("/cpu:0"), precision.policy(policy):
+            model = tasks.current().build_model(cfg.model, manifest)
+        plan = memory.estimate(model, cfg, per_replica, hbm)
+        estimate = f"the step needs about {memory.gib(plan.total)} per replica ({plan.breakdown()})"
+        if hbm:
+            estimate += f" of {memory.gib(hbm)} HBM"
+    except Exception as failure:  # noqa: BLE001 - the estimate is a help; the error is the news
+        estimate = f"no estimate ({type(failure).__name__})"
+    levers = [
+        *(["model.remat=true"] if getattr(cfg.model, "remat", True) is False else []),
+        *(["train.optimizer=adafactor"] if cfg.train.optimizer != "adafactor" else []),
+        "a smaller train.global_batch_size with a larger train.gradient_accumulation_steps (the same effective batch)",
+    ]
+    return (
+        f"out of device memory at {per_replica} examples per replica ({first}); {estimate}; "
+        f"`make doctor` shows the plan and what each lever saves: {', '.join(levers)}"
+    )
 
 
 def describe_start(cfg: config_lib.Config, target: Target, manifest: dict, per_replica: int, precision: str) -> str:
@@ -312,6 +363,7 @@ def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, s
         shuffle_buffer=cfg.data.shuffle_buffer,
         accumulation_steps=cfg.train.gradient_accumulation_steps,
         start_step=start_step,
+        cache=cfg.data.cache,
     )
     return dataset
 

@@ -29,6 +29,9 @@ Model ("Tensor dimensions", "Fully connected layers", "Batch normalization", "bf
   model.narrow_layers       layers under 128 wide use a fraction of the 128x128 MXU
   model.hidden_dense        hidden Dense layers under 512 units are too small to keep the MXU busy
   model.batch_norm          per-replica batch under 32 with per-replica batch-norm statistics
+  model.memory              the step's memory per TPU chip (weights, gradients, optimizer slots, activations
+                            kept for the backward pass; core/memory.py) against the chip's HBM less XLA's
+                            share; on WARN/FAIL each memory lever's effect and a combination that fits
   model.precision           bfloat16 on a TPU (the MXU's native input type, half the memory traffic); on
                             a CPU, whether it computes bfloat16 natively (else emulated, several times slower)
 Input pipeline ("Static shapes", "Input pipeline performance", "Storage"):

@@ -74,6 +74,17 @@ def skip(message: str) -> Verdict:
     return Verdict(SKIP, message)
 
 
+def not_on_a_tpu(ctx: "Context", applies: str, checks: str) -> Verdict | None:
+    """SKIP for a rule about the TPU when the target is another one, with the command that checks
+    the TPU config; None on a TPU target."""
+    if ctx.target.kind == "tpu":
+        return None
+    return skip(
+        f"{applies} to a TPU target, this one is {ctx.target.kind.upper()} "
+        f"(`make doctor CONFIG={config_lib.shipped_config(tasks.current().name, 'tpu')}` {checks})"
+    )
+
+
 def worst(*verdicts: Verdict) -> Verdict:
     """The most severe of several verdicts of one rule, their messages and fixes joined."""
     order = (SKIP, PASS, WARN, FAIL)

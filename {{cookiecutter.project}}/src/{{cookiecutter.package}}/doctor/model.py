@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..core import config as config_lib, precision
+from ..core import precision
+from . import memory
 from .engine import (
     BATCH_FOR_SMALL_TILE,
     MIN_BN_BATCH,
@@ -13,6 +14,7 @@ from .engine import (
     Verdict,
     _names,
     fail,
+    not_on_a_tpu,
     passed,
     rule,
     skip,
@@ -42,11 +44,8 @@ def _feature_quantum(ctx: Context) -> int:
 def model_feature_dims(ctx: Context) -> Verdict:
     if ctx.layers is None:
         return skip("the model did not build (see model.build)")
-    if ctx.target.kind != "tpu":
-        return skip(
-            f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
-            f"(`make doctor CONFIG={config_lib.shipped_config(tasks.current().name, 'tpu')}` checks the TPU model)"
-        )
+    if skipped := not_on_a_tpu(ctx, "MXU tiles apply", "checks the TPU model"):
+        return skipped
     quantum = _feature_quantum(ctx)
     why = (
         f"the global batch is a multiple of {BATCH_FOR_SMALL_TILE}"
@@ -74,11 +73,8 @@ def model_feature_dims(ctx: Context) -> Verdict:
 def model_narrow_layers(ctx: Context) -> Verdict:
     if ctx.layers is None:
         return skip("the model did not build (see model.build)")
-    if ctx.target.kind != "tpu":
-        return skip(
-            f"MXU tiles apply to a TPU target, this one is {ctx.target.kind.upper()} "
-            f"(`make doctor CONFIG={config_lib.shipped_config(tasks.current().name, 'tpu')}` checks the TPU model)"
-        )
+    if skipped := not_on_a_tpu(ctx, "MXU tiles apply", "checks the TPU model"):
+        return skipped
     narrow = [layer for layer in ctx.feature_layers if layer.width < MXU_TILE]
     if not narrow:
         return passed(f"every conv/dense layer is at least {MXU_TILE} wide")
@@ -127,6 +123,11 @@ def model_batch_norm(ctx: Context) -> Verdict:
         f"(under {MIN_BN_BATCH}): noisy, costs accuracy",
         f"train.global_batch_size={suggestion} or model.sync_batch_norm=true",
     )
+
+
+@rule("model.memory")
+def model_memory(ctx: Context) -> Verdict:
+    return memory.verdict(ctx)
 
 
 @rule("model.precision")

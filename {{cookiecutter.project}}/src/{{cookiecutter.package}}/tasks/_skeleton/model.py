@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core import recompute
 from ...core.keras import keras
 
 layers = keras.layers
 
 
-def build_model(hidden: list[int], manifest: dict) -> keras.Model:
+def _unit(x, layer, remat: bool):
+    """`layer` applied to `x`; with `remat`, as one recomputed unit that keeps only its input for
+    the backward pass (wrap whole blocks of a real network the same way)."""
+    if not remat:
+        return layer(x)
+    unit_in = keras.Input(shape=x.shape[1:], dtype=x.dtype, name=f"{layer.name}_input")
+    unit = keras.Model(unit_in, layer(unit_in), name=f"{layer.name}_unit")
+    return recompute.Recomputed(unit, name=f"{layer.name}_recomputed")(x)
+
+
+def build_model(hidden: list[int], manifest: dict, remat: bool = False) -> keras.Model:
     """features [batch, num_features] float32 -> prediction [batch, 1] float32. Standardises each
     feature and the target with the train split's statistics (from the manifest), so the raw
     numbers are what the model is served."""
@@ -26,7 +37,7 @@ def build_model(hidden: list[int], manifest: dict) -> keras.Model:
     features = keras.Input(shape=(manifest["num_features"],), dtype="float32", name="features")
     x = layers.Rescaling((1.0 / std).tolist(), offset=(-mean / std).tolist(), name="standardise")(features)
     for index, width in enumerate(hidden):
-        x = layers.Dense(width, activation="relu", name=f"hidden{index}")(x)
+        x = _unit(x, layers.Dense(width, activation="relu", name=f"hidden{index}"), remat)
     standardised = layers.Dense(1, dtype="float32", name="output")(x)
     prediction = layers.Rescaling(stats["target_std"], offset=stats["target_mean"], dtype="float32", name="target")(
         standardised

@@ -57,6 +57,9 @@ class ModelConfig:
 
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Widths of the hidden Dense layers; multiples of 128 on a TPU (configs/tpu.yaml)."""
+    remat: bool = False
+    """Recompute each hidden layer's activations in the backward pass instead of keeping them (a
+    memory lever: `make doctor` shows its effect; see core/recompute.py for the pattern)."""
 
     def problem(self) -> str | None:
         if not self.hidden or min(self.hidden) < 1:
@@ -203,7 +206,7 @@ class NewTask(Task):
     def build_model(self, model_config: ModelConfig, manifest: dict):
         from .model import build_model  # imports TensorFlow: not needed to read a config
 
-        return build_model(model_config.hidden, manifest)
+        return build_model(model_config.hidden, manifest, remat=model_config.remat)
 
     def output_layers(self, model) -> list[str]:
         # The 1-unit head and the parameter-free rescaling after it: their width is the target's.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...core import recompute
 from ...core.keras import keras
 from .stem import stem_stride
 
@@ -41,6 +42,23 @@ def _residual_block(x, width: int, stride: int, config: ModelConfig, name: str):
     return layers.ReLU(name=f"{name}_out")(layers.Add(name=f"{name}_add")([y, shortcut]))
 
 
+def _stage(x, width: int, stage: int, config: ModelConfig):
+    """The residual blocks of one stage; with `model.remat`, one recomputed unit that keeps only
+    its input for the backward pass (its batch norms update their statistics once per step)."""
+
+    def blocks(y):
+        for block in range(config.blocks_per_stage):
+            stride = 2 if stage > 0 and block == 0 else 1
+            y = _residual_block(y, width, stride, config, f"stage{stage}_block{block}")
+        return y
+
+    if not config.remat:
+        return blocks(x)
+    stage_in = keras.Input(shape=x.shape[1:], dtype=x.dtype, name=f"stage{stage}_input")
+    unit = keras.Model(stage_in, blocks(stage_in), name=f"stage{stage}")
+    return recompute.Recomputed(unit, name=f"stage{stage}_recomputed")(x)
+
+
 def build_model(config: ModelConfig, image_size: int, num_classes: int) -> keras.Model:
     images = keras.Input(shape=(image_size, image_size, 3), dtype="uint8", name="image")
     # Scaling on the device keeps the host-to-device transfer in uint8: 4x less than float32.
@@ -59,9 +77,7 @@ def build_model(config: ModelConfig, image_size: int, num_classes: int) -> keras
     x = _batch_norm(config, "stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
     for stage, width in enumerate(config.widths):
-        for block in range(config.blocks_per_stage):
-            stride = 2 if stage > 0 and block == 0 else 1
-            x = _residual_block(x, width, stride, config, f"stage{stage}_block{block}")
+        x = _stage(x, width, stage, config)
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     logits = layers.Dense(num_classes, dtype="float32", name="logits")(x)
     return keras.Model(images, logits, name="resnet")

@@ -76,6 +76,10 @@ class ImageModelConfig:
     """Stride of the first convolution, which divides the compute of every later layer by its
     square. `auto` (see stem.py) takes it from data.image_size: 1 at 32 px, 2 around 64 px, 4 from
     128 px (ImageNet ResNets reduce 4x before the first stage); a number is used as given."""
+    remat: bool = False
+    """Recompute each residual stage's activations in the backward pass instead of keeping them:
+    the activations kept shrink to the stages' inputs (`make doctor` shows by how much) for about a
+    third more compute per step. A memory lever for models that do not fit; see core/recompute.py."""
 
     def problem(self) -> str | None:
         if not self.widths or min(self.widths) < 1:

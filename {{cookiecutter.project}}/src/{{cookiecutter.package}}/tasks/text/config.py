@@ -48,6 +48,10 @@ class TextModelConfig:
     """Hidden width of each block's feed-forward layer (usually 2-4 x width)."""
     dropout: float = 0.1
     """Dropout rate after attention, in the feed-forward layer and before the logits."""
+    remat: bool = False
+    """Recompute each Transformer block's activations in the backward pass instead of keeping them:
+    the activations kept shrink to the blocks' inputs (`make doctor` shows by how much) for about a
+    third more compute per step. A memory lever for models that do not fit; see core/recompute.py."""
 
 
 def width_fix(config: TextModelConfig, quantum: int) -> str:

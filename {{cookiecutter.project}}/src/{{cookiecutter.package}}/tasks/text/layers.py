@@ -7,6 +7,7 @@ multiples of 128, because the MXU multiplies 128x128 tiles and pads anything els
 
 from __future__ import annotations
 
+from ...core import recompute
 from ...core.errors import UserError
 from ...core.keras import keras
 from .config import TextModelConfig
@@ -21,18 +22,42 @@ def embedding_rows(vocab_size: int) -> int:
     return -(-vocab_size // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
 
 
+class MultiHeadAttention(layers.MultiHeadAttention):
+    """Keras' attention, with the attention-probability dropout of `recompute.Dropout`, so that a
+    recomputed block drops the same attention weights in its backward pass."""
+
+    def _build_attention(self, rank):
+        super()._build_attention(rank)
+        self._dropout_layer = recompute.Dropout(rate=self._dropout, name="attention_probs_drop")
+
+
 def transformer_block(x, attention_mask, config: TextModelConfig, name: str):
-    """One pre-LayerNorm block: self-attention where `attention_mask` allows, then a GELU MLP."""
+    """One pre-LayerNorm block: self-attention where `attention_mask` allows, then a GELU MLP.
+    With `model.remat` the block is one recomputed unit: only its input (and the mask) is kept for
+    the backward pass."""
+    if not config.remat:
+        return _block(x, attention_mask, config, name)
+    x_in = keras.Input(shape=x.shape[1:], dtype=x.dtype, name=f"{name}_input")
+    mask_in = keras.Input(shape=attention_mask.shape[1:], dtype=attention_mask.dtype, name=f"{name}_mask")
+    block = keras.Model([x_in, mask_in], _block(x_in, mask_in, config, name), name=name)
+    return recompute.Recomputed(block, name=f"{name}_recomputed")([x, attention_mask])
+
+
+def _block(x, attention_mask, config: TextModelConfig, name: str):
     # Pre-LayerNorm: the residual path stays an identity, which trains stably without the long,
     # careful warm-up that post-LayerNorm Transformers need.
     y = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_attention_norm")(x)
-    y = layers.MultiHeadAttention(
+    y = MultiHeadAttention(
         config.heads, config.width // config.heads, dropout=config.dropout, name=f"{name}_attention"
     )(y, y, attention_mask=attention_mask)
-    x = layers.Add(name=f"{name}_attention_add")([x, layers.Dropout(config.dropout, name=f"{name}_attention_drop")(y)])
+    x = layers.Add(name=f"{name}_attention_add")(
+        [x, recompute.Dropout(config.dropout, name=f"{name}_attention_drop")(y)]
+    )
     y = layers.LayerNormalization(epsilon=1e-6, name=f"{name}_mlp_norm")(x)
     y = layers.Dense(config.mlp_width, activation="gelu", name=f"{name}_mlp_in")(y)
-    y = layers.Dense(config.width, name=f"{name}_mlp_out")(layers.Dropout(config.dropout, name=f"{name}_mlp_drop")(y))
+    y = layers.Dense(config.width, name=f"{name}_mlp_out")(
+        recompute.Dropout(config.dropout, name=f"{name}_mlp_drop")(y)
+    )
     return layers.Add(name=f"{name}_mlp_add")([x, y])
 
 

@@ -1,0 +1,124 @@
+"""Model FLOPs utilisation: the training step's model FLOPs (counted once from the traced step,
+core/memory.py) per second and chip, against the chip's peak.
+
+The peak of a TPU chip is its page's bfloat16 figure (topology.CHIPS), for the generation of the
+VM's TPU_ACCELERATOR_TYPE (else the project's TPU type). A CPU has no published
+figure that training could reach, so `make bench` measures this host's matrix-multiply peak in
+each precision and stores it in `runtime.cache_dir`; a run on this host reads it (a CPU run
+counts the whole host as one chip). A GPU's utilisation is not shown: no peak is known here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import tensorflow as tf
+
+from . import topology
+from .steps_per_execution import cache_dir
+from .topology import Target
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _host_key(precision: str) -> str:
+    return f"{cpu_model()} x{os.cpu_count()} {precision}"
+
+
+def host_peak_path(configured_cache_dir: str) -> str:
+    return f"{cache_dir(configured_cache_dir).rstrip('/')}/host_peak.json"
+
+
+def measure_host_peak(precision: str, size: int = 2048, seconds: float = 3.0) -> float:
+    """FLOP/s of this host's best square matrix multiply of `size` in `precision` (all cores)."""
+    dtype = tf.bfloat16 if precision == "bfloat16" else tf.float32
+    a = tf.random.normal([size, size], dtype=tf.float32)
+    a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
+
+    @tf.function
+    def multiply(x, y):
+        return tf.reduce_sum(tf.cast(tf.matmul(x, y)[:1, :1], tf.float32))
+
+    multiply(a, b).numpy()  # trace and warm up
+    best, started = 0.0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        began = time.perf_counter()
+        multiply(a, b).numpy()
+        best = max(best, 2 * size**3 / (time.perf_counter() - began))
+    return best
+
+
+def store_host_peak(configured_cache_dir: str, precision: str, flops: float) -> str:
+    path = host_peak_path(configured_cache_dir)
+    stored = _read(path)
+    stored[_host_key(precision)] = flops
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(path, "w") as handle:
+        json.dump(stored, handle, indent=2, sort_keys=True)
+    return path
+
+
+def _read(path: str) -> dict:
+    try:
+        with tf.io.gfile.GFile(path) as handle:
+            value = json.load(handle)
+        return value if isinstance(value, dict) else {}
+    except (tf.errors.NotFoundError, ValueError):
+        return {}
+
+
+def chips(target: Target) -> int:
+    """What "per chip" divides by: TPU chips, GPUs, or the one host of a CPU run."""
+    if target.kind == "tpu":
+        return target.chips or topology.chips_of(target.tpu_type, target.replicas) or target.replicas
+    return target.replicas if target.kind == "gpu" else 1
+
+
+def peak_per_chip(target: Target, precision: str, configured_cache_dir: str) -> tuple[float | None, str]:
+    """(peak FLOP/s of one chip, where it comes from); None when unknown."""
+    if target.kind == "tpu":
+        generation = target.tpu_type.split("-")[0]
+        if generation not in topology.CHIPS:
+            return None, f"no peak known for TPU type {target.tpu_type!r}"
+        chip = topology.CHIPS[generation]
+        return chip.peak_bf16_flops, f"{generation} bfloat16 peak ({chip.source})"
+    if target.kind == "cpu":
+        measured = _read(host_peak_path(configured_cache_dir)).get(_host_key(precision))
+        if isinstance(measured, (int, float)) and measured > 0:
+            return float(measured), f"this host's measured {precision} matrix-multiply peak (make bench)"
+        return None, f"no measured {precision} peak for this host yet: `make bench` measures it"
+    return None, "no peak known for this GPU"
+
+
+class Utilisation:
+    """TFLOP/s per chip and model FLOPs utilisation of a rate of training steps."""
+
+    def __init__(self, flops_per_step: float, target: Target, precision: str, configured_cache_dir: str):
+        self.flops_per_step, self.chips = flops_per_step, chips(target)
+        self.peak, self.peak_source = peak_per_chip(target, precision, configured_cache_dir)
+
+    def tflops_per_chip(self, steps_per_second: float) -> float:
+        return self.flops_per_step * steps_per_second / self.chips / 1e12
+
+    def mfu(self, steps_per_second: float) -> float | None:
+        if not self.peak:
+            return None
+        return self.flops_per_step * steps_per_second / self.chips / self.peak
+
+    def describe(self) -> str:
+        flops = f"model FLOPs {self.flops_per_step / 1e9:.2f} GFLOP per step"
+        if self.peak:
+            return f"{flops}; utilisation (MFU) against {self.peak / 1e12:.2f} TFLOP/s per chip, {self.peak_source}"
+        return f"{flops}; no utilisation: {self.peak_source}"
