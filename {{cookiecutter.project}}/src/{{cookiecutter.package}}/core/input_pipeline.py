@@ -370,7 +370,7 @@ def distributed_dataset(
     global steps of one evaluation pass or None when training). Training starts where `start_step`
     steps of this order have consumed (each pipeline's share of them). `cache` is data.cache."""
     files, examples_per_file = split_files(data_dir, manifest, split)
-    split_bytes = manifest["splits"][split].get("bytes", 0)
+    split_bytes = manifest["splits"][split].get("bytes", math.inf)  # unknown size: never cached
     num_pipelines = []
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
