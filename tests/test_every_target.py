@@ -64,6 +64,7 @@ TARGETS: dict[str, dict] = {
     "lint": {"after": ()},
     "format": {"special": "rewrites the sources; `make lint` checks the same rules"},
     "data": {"after": ("SMALL=1",)},
+    "real-data": {"special": "tests/test_real_data.py in the bake: each corpus from a wheel built there (no network)"},
     "preprocess": {"before": (), "after": ()},
     "train": {"before": (), "after": (f"ARGS={TRAIN_ARGS}",)},
     "eval": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},

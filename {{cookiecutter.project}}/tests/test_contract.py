@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import math
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import PROJECT, config_file, finished_run_of, selected, task_sample, task_config
-from {{ cookiecutter.package }}.core import config, input_pipeline, trainer
+from {{ cookiecutter.package }}.core import baselines, config, evaluation, input_pipeline, trainer
 from {{ cookiecutter.package }} import predict, tasks
 from {{ cookiecutter.package }}.core import task as task_lib
 from {{ cookiecutter.package }}.core.errors import UserError
@@ -121,6 +122,36 @@ def test_training_lowers_the_eval_loss_and_keeps_the_best_headline(contract_run)
     best_value = max(steps.values()) if task.higher_is_better else min(steps.values())
     assert written[f"best_{headline}"] == best_value and steps[written["best_step"]] == best_value
     assert (output / "checkpoints" / "best" / f"ckpt-{written['best_step']}.index").exists()
+
+
+def test_preprocessing_scores_the_tasks_baselines_in_its_headline_metric(task_name, sample):
+    """Every task declares at least one trivial baseline; the manifest keeps them, fitted on the train
+    split and scored on the whole eval split of the small sample, in the headline metric."""
+    task = tasks.current()
+    manifest = json.loads((sample[1] / "manifest.json").read_text())
+    found = manifest["baselines"]
+    assert found["metric"] == task.headline_metric and found["higher_is_better"] == task.higher_is_better
+    assert found["scores"] and all(math.isfinite(value) for value in found["scores"].values()), found
+    assert found["train_records"] == manifest["splits"]["train"]["num_examples"]
+    assert found["eval_records"] == manifest["splits"]["eval"]["num_examples"]
+
+
+def test_a_run_reports_its_baselines_beside_its_evaluation(contract_run):
+    """metrics.json keeps the baselines the run was judged against and whether it beat the best; the
+    eval line names them with the verdict."""
+    task = tasks.current()
+    cfg, output, _, _ = contract_run
+    manifest = json.loads((output / "export" / "assets.extra" / "manifest.json").read_text())
+    written = json.loads((output / "metrics.json").read_text())
+    found, value = manifest["baselines"], written[task.headline_metric]
+    assert written["baselines"] == found["scores"]
+    assert written["best_baseline"] == baselines.best(found)[0]
+    beaten = (value >= baselines.best(found)[1]) if task.higher_is_better else (value <= baselines.best(found)[1])
+    assert written["beats_best_baseline"] is beaten
+    line = evaluation.describe(written, ["loss"], found)
+    first = next(iter(found["scores"]))
+    assert f"; baselines: {first} {found['scores'][first]:.4f}" in line
+    assert line.endswith("(beaten)" if beaten else "(NOT beaten: see make doctor)")
 
 
 def test_evaluation_counts_every_eval_example_once(contract_run):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import DATA_OVERRIDES
 
-from {{ cookiecutter.package }}.core import config, topology
+from {{ cookiecutter.package }}.core import baselines, config, topology
 from {{ cookiecutter.package }} import doctor, tasks
 from {{ cookiecutter.package }}.doctor import data as data_rules
 from {{ cookiecutter.package }}.doctor import engine, tpu_vm
@@ -479,3 +479,24 @@ def test_host_input_capacity_against_the_last_run(data_dir, tmp_path):
     (run / "metrics.json").write_text(json.dumps({"examples_per_second": 1.0}))
     assert check(data_dir, output_dir=str(run))["input.host_capacity"].status == engine.PASS
     assert check(data_dir, output_dir=str(tmp_path / "no-run"))["input.host_capacity"].status == engine.SKIP
+
+
+def test_doctor_warns_when_the_last_run_did_not_beat_its_best_baseline(data_dir, tmp_path):
+    """train.baselines reads the last run's metrics.json: below the best baseline is a warning with
+    what to try, at or above it a pass, no run a skip."""
+    task = tasks.current()
+    found = json.loads((data_dir / "manifest.json").read_text())["baselines"]
+    name, score = baselines.best(found)
+    worse, better = (score - 0.05, score) if task.higher_is_better else (score * 1.5, score * 0.9)
+    run = tmp_path / "run"
+    run.mkdir()
+    for value, status in ((worse, engine.WARN), (better, engine.PASS)):
+        record = {task.headline_metric: value, "global_step": 100, **baselines.summary(value, found)}
+        (run / "metrics.json").write_text(json.dumps(record))
+        rule = check(data_dir, output_dir=str(run))["train.baselines"]
+        assert rule.status == status, rule
+        assert f"eval {task.headline_metric} {value:.4f} at step 100; baselines: " in rule.message
+    (run / "metrics.json").write_text(json.dumps({task.headline_metric: worse, **baselines.summary(worse, found)}))
+    rule = check(data_dir, output_dir=str(run))["train.baselines"]
+    assert f"does not beat the {name} baseline" in rule.message and "train.total_steps=" in rule.fix
+    assert check(data_dir, output_dir=str(tmp_path / "no-run"))["train.baselines"].status == engine.SKIP

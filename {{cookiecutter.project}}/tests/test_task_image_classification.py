@@ -17,7 +17,7 @@ from {{ cookiecutter.package }}.core import preprocessing
 from {{ cookiecutter.package }}.doctor import engine
 from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.tasks.image_classification import features
-from {{ cookiecutter.package }}.tasks.image_classification.task import TASK
+from {{ cookiecutter.package }}.tasks.image_classification.task import TASK, pixels_8x8
 
 
 def image_bytes(fmt: str, seed: int, size: int = 64) -> bytes:
@@ -490,3 +490,32 @@ def test_a_large_first_stage_warns_and_names_the_stride(data_dir, tmp_path):
     assert stem.first_stage_activations(auto, target, None)[0] == "pass"
     # The rule runs in `make doctor`, on the shards' image size (16 px here).
     assert check(data_dir, tmp_path=tmp_path)["model.first_stage_activations"].status == engine.PASS
+
+
+def test_the_pixel_baseline_averages_8x8_blocks():
+    """A 32 px image of four quadrants: each 8x8 cell is one 4x4 block's mean, scaled to [0, 1]."""
+    image = np.zeros((1, 32, 32, 3), np.uint8)
+    image[0, :16, 16:] = 255
+    image[0, 16:, :16, 0] = 51
+    cells = pixels_8x8(image).reshape(8, 8, 3)
+    assert cells[:4, 4:].min() == cells[:4, 4:].max() == 1.0
+    assert np.allclose(cells[4:, :4, 0], 0.2) and cells[4:, :4, 1:].max() == 0.0 and cells[:4, :4].max() == 0.0
+    # A float image in [0, 1] keeps its scale; a smaller image than 8 px is used whole.
+    assert pixels_8x8(image.astype(np.float32) / 255).max() == 1.0
+    assert pixels_8x8(np.ones((2, 4, 4, 3), np.uint8) * 255).shape == (2, 4 * 4 * 3)
+
+
+def test_the_baselines_are_the_majority_class_and_a_linear_model_of_the_pixels():
+    """Bright images are class 1, dark ones class 0, whatever the noise: the linear model separates
+    them; the majority class (0, 6 of 10 train images) scores its share of the eval split."""
+    rng = np.random.default_rng(0)
+
+    def images(labels):
+        base = np.where(np.array(labels)[:, None, None, None] == 1, 200, 40)
+        noise = rng.integers(-30, 30, size=(len(labels), 16, 16, 3))
+        return (base + noise).astype(np.uint8), np.array(labels, np.int32)
+
+    train = [images([0, 0, 1, 0, 1]), images([0, 1, 0, 0, 1])]
+    evaluation = [images([1, 1, 0, 1])]
+    found = TASK.baselines(iter(train), iter(evaluation), {"num_classes": 2})
+    assert found == {"majority": 0.25, "linear-8x8-pixels": 1.0}

@@ -385,6 +385,28 @@ def test_a_rerun_of_a_finished_run_exports_again_with_new_predict_keys(lm_run, s
     assert sum(rank > 0 for row in found for rank in row) >= 5, found  # sampled, not the argmax
 
 
+def test_the_shipped_decoding_does_not_repeat_one_token(lm_run, sample):
+    """The shipped configs' predict keys (seeded top-k sampling) continue the sample's prompts with
+    mostly distinct tokens, where greedy decoding of a briefly trained model tends to loop; the share
+    of distinct tokens in each 24-token continuation is at least a half."""
+    from {{ cookiecutter.package }}.core import model as model_lib
+    from {{ cookiecutter.package }}.core import precision
+
+    cfg, output, _, _ = lm_run
+    raw, data = sample
+    manifest = json.loads((data / "manifest.json").read_text())
+    shipped = config.load(str(config_file(NAME)), []).predict
+    assert shipped.temperature > 0 and shipped.top_k > 0
+    precision.set_policy("bfloat16")
+    model = model_lib.build_model(cfg, manifest)
+    tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(output / "checkpoints"))).expect_partial()
+    keys = LanguageModelPredictConfig(max_new_tokens=24, temperature=shipped.temperature, top_k=shipped.top_k)
+    serve = TASK.serving_signature(model, manifest, keys, TASK.objective_config())
+    tokens = served_tokens(serve, eval_prompts(data, manifest), manifest["seq_len"])
+    shares = [len(set(row)) / len(row) for row in tokens]
+    assert min(shares) >= 0.5, (shares, tokens)
+
+
 # Prompts for the tiny model: one token, part of the window, one that fills up while generating, a
 # full window and more than a window.
 PROMPTS = [np.random.default_rng(2).integers(3, VOCAB, length).tolist() for length in (1, 5, 12, 16, 30)]
@@ -517,3 +539,42 @@ def test_doctor_plans_the_memory_of_a_tpu_chip_and_names_the_levers(capsys):
     assert longest.startswith("FAIL") and "it cannot fit one chip with data parallelism" in longest
     assert "train.gradient_accumulation_steps=" in longest and "model parallelism" in longest
     assert "8 examples per replica keep" in longest
+
+
+def _windows(sequence: list[int], seq_len: int = 6):
+    """One packed window batch per seq_len + 1 tokens: inputs and the next tokens as targets (0 pads)."""
+    for start in range(0, len(sequence) - 1, seq_len):
+        piece = sequence[start : start + seq_len + 1]
+        inputs = np.zeros((1, seq_len), np.int32)
+        targets = np.zeros((1, seq_len), np.int32)
+        inputs[0, : len(piece) - 1], targets[0, : len(piece) - 1] = piece[:-1], piece[1:]
+        yield {"inputs": inputs}, targets
+
+
+def test_the_bigram_baseline_is_witten_bell_over_the_unigram():
+    """Against a direct count of the same formulas: unigram add-one smoothed (what the manifest's
+    unigram_perplexity computes), bigram interpolated by Witten-Bell; a text whose next token
+    follows from the current one is far more predictable to the bigram."""
+    rng = np.random.default_rng(0)
+    vocab = 12
+    train = [3, 4, 5, 6] * 20 + rng.integers(3, vocab, size=40).tolist()
+    evaluation = [3, 4, 5, 6, 3, 4, 11, 5, 6, 3]
+    found = TASK.baselines(_windows(train), _windows(evaluation), {"vocab_size": vocab})
+
+    pairs = Counter(zip(train[:-1], train[1:]))
+    unigram = Counter(train[1:])
+    total = sum(unigram.values())
+    log_uni = log_bi = 0.0
+    for previous, token in zip(evaluation[:-1], evaluation[1:]):
+        p_uni = (unigram[token] + 1) / (total + vocab)
+        seen = sum(count for (first, _), count in pairs.items() if first == previous)
+        followers = len({second for first, second in pairs if first == previous})
+        keep = seen / (seen + followers) if seen else 0.0
+        p_bi = keep * (pairs[previous, token] / seen if seen else 0.0) + (1 - keep) * p_uni
+        log_uni, log_bi = log_uni + math.log(p_uni), log_bi + math.log(p_bi)
+    steps = len(evaluation) - 1
+    assert found["unigram"] == pytest.approx(math.exp(-log_uni / steps), rel=1e-9)
+    assert found["bigram"] == pytest.approx(math.exp(-log_bi / steps), rel=1e-9)
+    eval_counts = Counter(evaluation[1:])
+    assert found["unigram"] == pytest.approx(unigram_perplexity(unigram, eval_counts, vocab), rel=1e-9)
+    assert found["bigram"] < 0.5 * found["unigram"]

@@ -20,7 +20,8 @@ from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.core.task import RawExample, RawRejection, Rejected
 from {{ cookiecutter.package }}.tasks.text_classification import TASK, doctor_rules, sample_data, tokenizer
-from {{ cookiecutter.package }}.tasks.text.config import TextDataConfig, TextModelConfig
+from {{ cookiecutter.package }}.tasks.text.config import TextDataConfig
+from {{ cookiecutter.package }}.tasks.text_classification.config import ClassifierModelConfig
 
 SEQ_LEN = 16
 
@@ -247,7 +248,7 @@ def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy
 
     data_config, artifacts, _, _ = fitted
     manifest = manifest_for(data_config, artifacts)
-    model = TASK.build_model(TextModelConfig(width=32, depth=1, heads=2, mlp_width=64), manifest)
+    model = TASK.build_model(ClassifierModelConfig(width=32, depth=1, heads=2, mlp_width=64), manifest)
     assert model.name == "transformer" and model.input_names == ["ids"]
     assert model.get_layer("token_embedding").input_dim % 128 == 0
     ids, _ = TASK.synthetic_batch(4, manifest)
@@ -278,7 +279,7 @@ def test_text_data_keys_out_of_range_are_one_line_when_the_config_loads(override
 def test_model_refuses_width_not_divisible_by_heads(fitted):
     data_config, artifacts, _, _ = fitted
     with pytest.raises(UserError, match="model.heads"):
-        TASK.build_model(TextModelConfig(width=30, heads=4), manifest_for(data_config, artifacts))
+        TASK.build_model(ClassifierModelConfig(width=30, heads=4), manifest_for(data_config, artifacts))
 
 
 def test_predict_inputs_tokenizes_each_line(fitted, tmp_path):
@@ -330,7 +331,7 @@ def test_sample_data_is_learnable(tmp_path):
 
     keras.utils.set_random_seed(0)
     steps = 200
-    model = TASK.build_model(TextModelConfig(), manifest)
+    model = TASK.build_model(ClassifierModelConfig(), manifest)
     schedule = keras.optimizers.schedules.CosineDecay(0.0, steps, warmup_target=2e-3, warmup_steps=steps // 10)
     model.compile(
         keras.optimizers.AdamW(schedule, weight_decay=0.01),
@@ -421,3 +422,54 @@ def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
     lines.write_text("".join(" ".join(text.split()) + "\n" for text in texts))
     _, predicted = TASK.predict_inputs([str(lines)], str(export), manifest)
     assert Counter(tuple(row) for row in predicted.tolist()) == evaluated
+
+
+def _batches(rows: list[tuple[list[int], int]], seq_len: int = 8, size: int = 3):
+    """(ids padded to seq_len, labels) numpy batches of `size` rows, as parse_batch gives them."""
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        ids = np.array([row + [tokenizer.PAD_ID] * (seq_len - len(row)) for row, _ in chunk], np.int32)
+        yield ids, np.array([label for _, label in chunk], np.int32)
+
+
+def test_the_baselines_are_the_majority_class_and_naive_bayes_on_the_pieces():
+    """Class 0 uses pieces 2-3 and class 1 pieces 4-5 (padding, plentiful in class 1, counts for
+    neither): naive Bayes gets every eval text right where the majority class gets its share; a text of
+    pieces seen only in class 1's train texts goes to class 1 even where class 0 is the majority."""
+    train = [([2, 3, 2], 0)] * 5 + [([4, 5], 1)] * 3
+    evaluation = [([3, 3, 2, 2], 0), ([5], 1), ([4, 4, 5], 1), ([2], 0)]
+    manifest = {"num_classes": 2, "vocab_size": 8}
+    found = TASK.baselines(_batches(train), _batches(evaluation), manifest)
+    assert found == {"majority": 0.5, "bag-of-words": 1.0}
+    # The prior alone decides an empty text: class 0, the majority.
+    found = TASK.baselines(_batches(train), _batches([([], 0), ([4], 1)]), manifest)
+    assert found == {"majority": 0.5, "bag-of-words": 1.0}
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max", "mean_max"])
+def test_pooling_reads_the_real_tokens_only(pooling):
+    """The logits are the last layer of the mean, the max or both of the final representations of the
+    real tokens: padding changes nothing, whatever its share of the row."""
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }}.core.keras import keras
+    from {{ cookiecutter.package }}.tasks.text_classification.model import build_model
+
+    settings = ClassifierModelConfig(width=16, depth=1, heads=2, mlp_width=32, dropout=0.0, pooling=pooling)
+    model = build_model(settings, seq_len=8, vocab_size=32, num_classes=3)
+    ids = np.array([[5, 6, 7, 0, 0, 0, 0, 0], [9, 10, 11, 12, 13, 14, 15, 16]], np.int32)
+    tokens = keras.Model(model.inputs, model.get_layer("final_norm").output)(ids).numpy()
+    parts = {"mean": [], "max": []}
+    for row, length in zip(tokens, (3, 8)):
+        parts["mean"].append(row[:length].mean(axis=0))
+        parts["max"].append(row[:length].max(axis=0))
+    pooled = np.concatenate([np.array(parts[name]) for name in pooling.split("_")], axis=-1)
+    dense = model.get_layer("logits")
+    expected = pooled @ dense.kernel.numpy() + dense.bias.numpy()
+    np.testing.assert_allclose(model(tf.constant(ids)).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pooling_that_does_not_exist_is_one_line():
+    assert ClassifierModelConfig().problem() is None
+    problem = ClassifierModelConfig(pooling="sum").problem()
+    assert problem == "model.pooling must be one of mean, max, mean_max, got 'sum'"

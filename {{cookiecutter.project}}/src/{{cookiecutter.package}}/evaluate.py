@@ -15,7 +15,8 @@ from typing import Sequence
 import tensorflow as tf
 
 from .core import config as config_lib
-from .core import distribute, input_pipeline, precision
+from . import tasks
+from .core import baselines, distribute, input_pipeline, precision
 from .core.errors import UserError, run_cli
 from .core.evaluation import describe, evaluate_model
 from .core.model import build_model, compile_model, metric_names
@@ -48,9 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         **metrics,
         global_step=step,
         examples_per_second=record.get("examples_per_second", metrics["eval_examples_per_second"]),
+        **baselines.summary(metrics[tasks.current().headline_metric], manifest.get("baselines")),
     )
     path = record.write()
-    described = describe(metrics, metric_names(cfg, manifest))
+    described = describe(metrics, metric_names(cfg, manifest), manifest.get("baselines"))
     print(f"eval {described} on {metrics['eval_examples']} examples at step {step} -> {path}")
     return 0
 

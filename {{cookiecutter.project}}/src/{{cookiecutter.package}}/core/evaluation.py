@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import config as config_lib
-from . import input_pipeline
+from . import baselines, input_pipeline
 from .. import tasks
 from .model import LOSS_METRIC, metric_names
 from .run_dir import run_path
@@ -82,11 +82,18 @@ def split_outputs(model, strategy: tf.distribute.Strategy, dataset, steps: int):
     return tuple(tf.nest.map_structure(lambda array: array[real], (outputs, targets)))
 
 
-def describe(metrics: dict, names: list[str]) -> str:
-    """The metrics `names` in words, the task's headline first: e.g. 'accuracy 0.9313, loss 0.2208'."""
+def describe(metrics: dict, names: list[str], found_baselines: dict | None = None) -> str:
+    """The metrics `names` in words, the task's headline first, then the data's baselines (the
+    manifest's) and whether the headline beats the best: e.g. 'accuracy 0.9313, loss 0.2208;
+    baselines: majority 0.2500, bag-of-words 0.9100 (beaten)'."""
     headline = tasks.current().headline_metric
     names = [headline, *(name for name in names if name != headline)]
-    return ", ".join(f"{name} {metrics[name]:.4f}" for name in names)
+    described = ", ".join(f"{name} {metrics[name]:.4f}" for name in names)
+    beaten = baselines.beats(metrics[headline], found_baselines)
+    if beaten is None:
+        return described
+    verdict = "beaten" if beaten else "NOT beaten: see make doctor"
+    return f"{described}; {baselines.describe(found_baselines)} ({verdict})"
 
 
 def write_eval_summaries(output_dir: str, metrics: dict, step: int, names: list[str]) -> None:

@@ -539,9 +539,30 @@ def run(
         f"wrote {total} examples ({per_split}) "
         f"to {output} in {elapsed:.1f}s ({per_second(counters.get('read', 0), elapsed)} files/s); "
         f"rejected {manifest['rejected']['count']} {manifest['rejected']['by_reason'] or ''} "
-        f"(listed in {REJECTED}); ignored {manifest['ignored_files']} other files"
+        f"(listed in {REJECTED}); ignored {manifest['ignored_files']} other files",
+        flush=True,
     )
+    add_baselines(manifest, output)
     return 0
+
+
+def add_baselines(manifest: dict, output: str) -> None:
+    """Fits the task's trivial baselines on the written train shards, scores them on the eval shards
+    and adds them to the manifest (core/baselines.py)."""
+    from . import baselines
+
+    started = time.perf_counter()
+    found = baselines.compute(tasks.current(), manifest, output)
+    if found is None:
+        return
+    manifest["baselines"] = found
+    with FileSystems.create(join(output, MANIFEST), mime_type="application/json") as handle:
+        handle.write(json.dumps(manifest, indent=2).encode("utf-8"))
+    print(
+        f"{baselines.describe(found)} (eval {found['metric']}; fitted on {found['train_records']} train records "
+        f"in {time.perf_counter() - started:.1f}s): the model must beat the best",
+        flush=True,
+    )
 
 
 def per_second(count: int, seconds: float) -> str:

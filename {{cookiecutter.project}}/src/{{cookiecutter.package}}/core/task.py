@@ -17,7 +17,8 @@ contract, in the order the data flows through them; * marks the required ones (a
     feature spec, manifest  feature_spec*, manifest_fields
     input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model                   build_model*, output_layers
-    objective               loss*, step_loss, loss_terms, metrics, split_metrics, headline_metric, higher_is_better
+    objective               loss*, step_loss, loss_terms, metrics, split_metrics
+    judging a run           headline_metric, higher_is_better, baselines
     serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
     sample data, tests      write_sample_data*, testing
     doctor                  nominal_manifest*, width_fix, doctor_rules
@@ -359,6 +360,16 @@ class Task(abc.ABC):
     evaluation is kept by it, and metrics.json records it as `best_<name>`."""
     higher_is_better: bool = False
     """Whether a larger `headline_metric` is better (accuracy) or a smaller one (loss, error)."""
+
+    def baselines(self, train: Iterator, evaluation: Iterator, manifest: dict) -> dict[str, float]:
+        """Trivial models of the data that the trained one must beat, fitted on `train` and scored on
+        `evaluation` in the `headline_metric`: {name: score}, e.g. {'majority': 0.23, 'bag-of-words':
+        0.97}. Both iterate once over (features, targets) numpy batches as `parse_batch` gives them
+        (without augmentation), at most core/baselines.py's TRAIN_RECORDS and EVAL_RECORDS records.
+        `make preprocess` writes them into the manifest, training prints them beside every evaluation
+        and metrics.json keeps them; `make doctor` warns when a run did not beat the best. None by
+        default: a task should declare at least the one a constant prediction scores."""
+        return {}
 
     # --------------------------------------------------------------- serving, predict
     @abc.abstractmethod

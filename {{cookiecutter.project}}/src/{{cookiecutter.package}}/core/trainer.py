@@ -14,7 +14,8 @@ import time
 
 import tensorflow as tf
 
-from . import callbacks, distribute, goodput, input_cursor, input_pipeline, memory, precision, profiler, schedule
+from . import baselines, callbacks, distribute, goodput, input_cursor, input_pipeline, memory, precision, profiler
+from . import schedule
 from . import utilisation as utilisation_lib
 from .. import tasks
 from . import config as config_lib
@@ -200,7 +201,7 @@ class Trainer:
             history=history,
             metric_names=names,
             write_summaries=lambda metrics, at: write_eval_summaries(output_dir, metrics, at, names),
-            describe=lambda metrics: describe(metrics, names),
+            describe=lambda metrics: describe(metrics, names, self.manifest.get("baselines")),
         )
         return [
             self.first_execution,
@@ -267,6 +268,7 @@ class Trainer:
             mfu = used.mfu(steps_per_second)
             if mfu is not None:
                 metrics["model_flops_utilization"] = round(mfu, 4)
+        metrics.update(baselines.summary(metrics[tasks.current().headline_metric], self.manifest.get("baselines")))
         if self.checkpoints.save_seconds:
             metrics["checkpoint_save_seconds"] = round(max(self.checkpoints.save_seconds), 3)
         if cfg.train.eval_every:
@@ -287,7 +289,7 @@ class Trainer:
             if "best_step" in metrics
             else ""
         )
-        described = describe(metrics, self.metric_names)
+        described = describe(metrics, self.metric_names, self.manifest.get("baselines"))
         print(
             f"eval {described} at step {step}{best}; training {metrics['examples_per_second']:.1f} "
             f"examples/s; metrics -> {self.record.path}; SavedModel -> {export_dir}",

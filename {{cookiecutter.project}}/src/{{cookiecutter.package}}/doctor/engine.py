@@ -10,7 +10,7 @@ import glob
 import json
 import math
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -185,6 +185,8 @@ class RunHistory:
     checkpoint_save_seconds: float | None = None
     goodput: dict | None = None
     """The goodput record over every start of the run (goodput.py), if it has one."""
+    metrics: dict = field(default_factory=dict)
+    """The whole metrics.json: the last evaluation, the baselines it was judged against, ..."""
 
     @property
     def step_seconds(self) -> float | None:
@@ -220,6 +222,7 @@ def read_run_history(output_dir: str) -> RunHistory:
         float(eps) if isinstance(eps, (int, float)) else None,
         float(save) if isinstance(save, (int, float)) else None,
         record if isinstance(record, dict) and isinstance(record.get("phase_seconds"), dict) else None,
+        metrics,
     )
 
 

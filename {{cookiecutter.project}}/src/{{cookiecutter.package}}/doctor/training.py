@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .. import tasks
+from ..core import baselines
 from ..core import config as config_lib
 from ..core import goodput
 from .engine import (
@@ -115,3 +117,29 @@ def train_goodput(ctx: Context) -> Verdict:
             goodput.FIXES.get(name, f"shorten {name}").format(spe=ctx.history.steps_per_execution),
         )
     return passed(summary)
+
+
+@rule("train.baselines")
+def train_baselines(ctx: Context) -> Verdict:
+    """Whether the last run's final evaluation beat the best of the data's trivial baselines (the
+    majority class, a bag-of-words model, an n-gram model, the train mean: `make preprocess` fits
+    them), and what to try when it did not."""
+    task, metrics = tasks.current(), ctx.history.metrics
+    headline, scores = task.headline_metric, metrics.get("baselines")
+    if not isinstance(metrics.get(headline), (int, float)) or not isinstance(scores, dict) or not scores:
+        return skip(
+            f"no run in {ctx.cfg.runtime.output_dir} whose metrics.json has an eval {headline} and baselines "
+            f"(they come from the manifest of a `make preprocess` of this version)"
+        )
+    found = {"scores": scores, "higher_is_better": task.higher_is_better}
+    value, (name, _) = metrics[headline], baselines.best(found)
+    facts = f"eval {headline} {value:.4f} at step {metrics.get('global_step')}; {baselines.describe(found)}"
+    if baselines.beats(value, found):
+        return passed(f"{facts}: beats the best, {name}")
+    steps, rate = ctx.cfg.train.total_steps, ctx.cfg.train.base_learning_rate
+    return warn(
+        f"{facts}: the model does not beat the {name} baseline, a trivial model of the data",
+        f"train longer (train.total_steps={2 * steps}); try train.base_learning_rate={rate / 2:g} and {rate * 2:g}; "
+        "compare the train and eval loss in TensorBoard (make tensorboard): far apart, regularise (dropout, "
+        "train.weight_decay) or add data; close together, a larger model",
+    )

@@ -69,6 +69,10 @@ class ClassificationTask(Task):
 
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
+    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+        """The majority class alone; a task adds a linear model of its inputs (`linear_baselines`)."""
+        return linear_baselines(train, evaluation, manifest["num_classes"])
+
     def random_targets(self, batch_size: int, manifest: dict):
         import tensorflow as tf
 
@@ -94,3 +98,55 @@ class ClassificationTask(Task):
             {"label": names[index], "probability": float(probabilities[row, index])}
             for row, index in enumerate(outputs["class"])
         ]
+
+
+def linear_baselines(
+    train, evaluation, num_classes: int, featurize=None, kind: str = "", name: str = ""
+) -> dict[str, float]:
+    """Eval accuracy of the majority class of the train split and, with `featurize` (a features batch
+    -> a float [batch, d] numpy array), of a linear model of those features fitted in one pass:
+    `kind` "naive_bayes" (multinomial, add-one smoothed: for counts such as a bag of words) or
+    "ridge" (least squares on one-hot targets with a small ridge: for pixels)."""
+    import numpy as np
+
+    prior = np.zeros(num_classes)
+    sums = gram = cross = None
+    for features, targets in train:
+        labels = np.asarray(targets).reshape(-1).astype(np.int64)
+        prior += np.bincount(labels, minlength=num_classes)
+        if featurize is None:
+            continue
+        x = featurize(features)
+        one_hot = np.eye(num_classes)[labels]
+        if kind == "naive_bayes":
+            sums = one_hot.T @ x if sums is None else sums + one_hot.T @ x
+        else:
+            x = np.hstack([x, np.ones((len(x), 1))])
+            gram = x.T @ x if gram is None else gram + x.T @ x
+            cross = x.T @ one_hot if cross is None else cross + x.T @ one_hot
+    if featurize is not None and kind == "naive_bayes":
+        log_prior = np.log((prior + 1) / (prior.sum() + num_classes))
+        log_likelihood = np.log((sums + 1) / (sums.sum(axis=1, keepdims=True) + sums.shape[1]))
+    elif featurize is not None:
+        ridge = 1e-3 * np.trace(gram) / len(gram)
+        weights = np.linalg.solve(gram + ridge * np.eye(len(gram)), cross)
+    majority = int(prior.argmax())
+    right_majority = right_linear = seen = 0
+    for features, targets in evaluation:
+        labels = np.asarray(targets).reshape(-1).astype(np.int64)
+        seen += len(labels)
+        right_majority += int((labels == majority).sum())
+        if featurize is None:
+            continue
+        x = featurize(features)
+        if kind == "naive_bayes":
+            scores = x @ log_likelihood.T + log_prior
+        else:
+            scores = np.hstack([x, np.ones((len(x), 1))]) @ weights
+        right_linear += int((scores.argmax(axis=1) == labels).sum())
+    if not seen:
+        return {}
+    found = {"majority": right_majority / seen}
+    if featurize is not None:
+        found[name or kind] = right_linear / seen
+    return found

@@ -8,7 +8,7 @@ order the data flows; README.md beside this file is the checklist.
     preprocessing   read_raw (rows, rejections) -> fit (train-split statistics) -> encode
     input           parse_batch: features float32 [batch, num_features], targets float32 [batch, 1]
     model           model.py
-    objective       loss, metrics, headline_metric, higher_is_better
+    objective       loss, metrics, headline_metric, higher_is_better, baselines
     serving         features -> {"prediction"}; predict reads CSV rows like the raw input
 """
 
@@ -220,6 +220,18 @@ class NewTask(Task):
 
     def metrics(self, objective_config, manifest: dict) -> list:
         return []
+
+    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+        """TOY: the eval mean squared error of always predicting the train targets' mean, what a model
+        that ignored the features would score (the headline is the loss). Add a linear model of the
+        features, or whatever a simple rule of your data would score: the model must beat the best."""
+        total = count = 0.0
+        for _, targets in train:
+            total, count = total + float(np.sum(targets)), count + targets.size
+        squared = seen = 0.0
+        for _, targets in evaluation:
+            squared, seen = squared + float(np.sum((targets - total / max(count, 1.0)) ** 2)), seen + targets.size
+        return {"train_mean": squared / seen} if seen else {}
 
     # --------------------------------------------------------------- serving
     def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):

@@ -210,6 +210,14 @@ class ImageClassificationTask(ClassificationTask):
         print(stem.describe(model_config, manifest["image_size"]), flush=True)
         return build_model(model_config, manifest["image_size"], manifest["num_classes"])
 
+    # --------------------------------------------------------------- baselines
+    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+        """The majority class, and a linear least-squares classifier of the image averaged down to
+        8x8 pixels per channel."""
+        from ..classification import linear_baselines
+
+        return linear_baselines(train, evaluation, manifest["num_classes"], pixels_8x8, "ridge", "linear-8x8-pixels")
+
     # --------------------------------------------------------------- serving
     def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
         import tensorflow as tf
@@ -280,6 +288,18 @@ def _one_image_per_class(raw: Path, scratch: Path) -> list[str]:
 
 def _encoding(manifest: dict) -> str:
     return manifest.get("image_encoding", "raw")
+
+
+def pixels_8x8(images):
+    """images [batch, size, size, channels] (uint8, or floats in [0, 1]) -> [batch, 8 * 8 * channels]:
+    the mean of each of 8x8 blocks, in [0, 1]."""
+    scale = 255.0 if np.issubdtype(np.asarray(images).dtype, np.integer) else 1.0
+    images = np.asarray(images, np.float32)
+    batch, size, _, channels = images.shape
+    cell = max(1, size // 8)
+    side = min(8, size)
+    blocks = images[:, : side * cell, : side * cell].reshape(batch, side, cell, side, cell, channels)
+    return blocks.mean(axis=(2, 4)).reshape(batch, -1) / scale
 
 
 TASK = ImageClassificationTask()

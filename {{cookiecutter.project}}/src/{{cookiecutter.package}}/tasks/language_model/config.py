@@ -31,11 +31,12 @@ class LanguageModelPredictConfig:
     max_new_tokens: int = 24
     """Tokens the export generates per prompt (`make predict`). The export is written at the end of
     `make train`: `make train ARGS=predict.max_new_tokens=48` on a finished run writes it again."""
-    temperature: float = 0.0
-    """0 picks the likeliest next token (greedy, deterministic); above 0 samples from the softmax
-    of logits / temperature."""
-    top_k: int = 0
-    """When sampling, only among the k likeliest tokens; 0 for all."""
+    temperature: float = 0.7
+    """Above 0 samples from the softmax of logits / temperature; 0 picks the likeliest next token
+    (greedy). Greedy decoding of a small model trained for minutes on real text repeats itself ("the
+    the the ..."): sampling is the default, reproducible by its seed."""
+    top_k: int = 40
+    """When sampling, only among the k likeliest tokens (the unlikely tail stays out); 0 for all."""
     seed: int = 0
     """Seed of the sampling (the same prompt and seed give the same continuation)."""
 

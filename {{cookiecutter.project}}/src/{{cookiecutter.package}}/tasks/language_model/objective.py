@@ -81,3 +81,43 @@ def unigram_perplexity(train_counts: dict[int, float], eval_counts: dict[int, fl
         for token, count in eval_counts.items()
     )
     return math.exp(-log_likelihood / eval_total)
+
+
+def ngram_baselines(train, evaluation, vocab_size: int) -> dict[str, float]:
+    """Eval perplexity of two count models of the train targets, over the same targets the metric
+    counts: `unigram` (each token's frequency, add-one smoothed: no context) and `bigram` (the next
+    token's frequency after the current input token, interpolated with the unigram by Witten-Bell: a
+    context seen c times with t distinct next tokens keeps c / (c + t) of the weight)."""
+    import numpy as np
+
+    unigram, keys = np.zeros(vocab_size), []
+    for features, targets in train:
+        mask = targets != PAD_ID
+        previous, current = features["inputs"][mask].astype(np.int64), targets[mask].astype(np.int64)
+        unigram += np.bincount(current, minlength=vocab_size)
+        keys.append(previous * vocab_size + current)
+    pairs, pair_counts = np.unique(np.concatenate([np.zeros(0, np.int64), *keys]), return_counts=True)
+    contexts = pairs // vocab_size
+    context_counts = np.bincount(contexts, weights=pair_counts, minlength=vocab_size)
+    followers = np.bincount(contexts, minlength=vocab_size)
+    p_unigram = (unigram + 1.0) / (unigram.sum() + vocab_size)
+    keep = np.divide(context_counts, context_counts + followers, out=np.zeros(vocab_size), where=context_counts > 0)
+    log_unigram = log_bigram = 0.0
+    seen = 0
+    for features, targets in evaluation:
+        mask = targets != PAD_ID
+        previous, current = features["inputs"][mask].astype(np.int64), targets[mask].astype(np.int64)
+        key = previous * vocab_size + current
+        at = np.searchsorted(pairs, key)
+        found = at < len(pairs)
+        found[found] = pairs[at[found]] == key[found]
+        count = np.zeros(len(key))
+        count[found] = pair_counts[at[found]]
+        following = count / np.maximum(context_counts[previous], 1.0)
+        bigram = keep[previous] * following + (1.0 - keep[previous]) * p_unigram[current]
+        log_unigram += float(np.log(p_unigram[current]).sum())
+        log_bigram += float(np.log(bigram).sum())
+        seen += len(current)
+    if not seen:
+        return {}
+    return {"unigram": math.exp(-log_unigram / seen), "bigram": math.exp(-log_bigram / seen)}

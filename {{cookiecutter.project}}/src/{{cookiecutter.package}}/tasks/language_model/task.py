@@ -193,6 +193,11 @@ class LanguageModelTask(Task):
 
         return [TokenMetric("perplexity"), TokenMetric("accuracy")]
 
+    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+        from .objective import ngram_baselines
+
+        return ngram_baselines(train, evaluation, manifest["vocab_size"])
+
     # --------------------------------------------------------------- serving
     def serving_signature(
         self, model, manifest: dict, predict_config: LanguageModelPredictConfig, objective_config=None
@@ -270,7 +275,8 @@ class LanguageModelTask(Task):
         ]
 
     def testing(self) -> Testing:
-        # 32-token windows, a small vocabulary, one block; AdamW at a rate that learns within a test run.
+        # 32-token windows, a small vocabulary, one block; AdamW at a rate that learns within a test run;
+        # greedy decoding, which the tests check token by token (the shipped configs sample).
         return Testing(
             overrides=(
                 "data.seq_len=32",
@@ -281,6 +287,7 @@ class LanguageModelTask(Task):
                 "model.mlp_width=64",
                 "model.dropout=0.0",
                 "predict.max_new_tokens=4",
+                "predict.temperature=0.0",  # greedy: the export's tokens are checked against the argmax
                 "train.base_learning_rate=0.02",
             ),
             rejected=4,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ...core.keras import keras
-from ..text.config import TextModelConfig
+from .config import ClassifierModelConfig
 from ..text.layers import check, embedding_rows, transformer_block
 from . import tokenizer
 from .layers import PositionEmbedding
@@ -24,7 +24,7 @@ from .layers import PositionEmbedding
 layers = keras.layers
 
 
-def build_model(config: TextModelConfig, seq_len: int, vocab_size: int, num_classes: int) -> keras.Model:
+def build_model(config: ClassifierModelConfig, seq_len: int, vocab_size: int, num_classes: int) -> keras.Model:
     check(config)
     ids = keras.Input(shape=(seq_len,), dtype="int32", name="ids")
     is_token = tf.not_equal(ids, tokenizer.PAD_ID)  # [B, S] bool
@@ -39,7 +39,11 @@ def build_model(config: TextModelConfig, seq_len: int, vocab_size: int, num_clas
     # Masked mean over the real tokens: padding must not dilute short texts. The count is at least
     # one so that an all-padding row (the evaluation's padding records hold one token) stays finite.
     weights = tf.cast(is_token, x.dtype)[:, :, None]
-    pooled = tf.reduce_sum(x * weights, axis=1) / tf.maximum(tf.reduce_sum(weights, axis=1), 1.0)
+    mean = tf.reduce_sum(x * weights, axis=1) / tf.maximum(tf.reduce_sum(weights, axis=1), 1.0)
+    # Masked max: the strongest evidence anywhere in the text (one "dull" in a long review), which a
+    # mean over many tokens waters down; padding is pushed far below any real value.
+    maximum = tf.reduce_max(x + (weights - 1.0) * 1e4, axis=1)
+    pooled = {"mean": mean, "max": maximum, "mean_max": tf.concat([mean, maximum], axis=-1)}[config.pooling]
     pooled = layers.Dropout(config.dropout, name="pool_drop")(pooled)
     logits = layers.Dense(num_classes, dtype="float32", name="logits")(pooled)
     return keras.Model(ids, logits, name="transformer")

@@ -18,13 +18,14 @@ from ...core.task import Listing, RawExample, RawRejection, Testing, files_under
 from ..classification import ClassificationTask
 from ..text import raw
 from . import doctor_rules, sample_data, tokenizer
-from ..text.config import TextDataConfig, TextModelConfig, width_fix
+from ..text.config import TextDataConfig, width_fix
+from .config import ClassifierModelConfig
 
 
 class TextClassificationTask(ClassificationTask):
     name = "text_classification"
     data_config = TextDataConfig
-    model_config = TextModelConfig
+    model_config = ClassifierModelConfig
     raw_format = 'RAW/<label>/<name>.txt (one UTF-8 text per file) or RAW/*.jsonl (lines of {"text": .., "label": ..})'
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text` or `label`"}
 
@@ -131,7 +132,7 @@ class TextClassificationTask(ClassificationTask):
         return f"{super().describe_data(manifest)}, {sequences}"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model_config: TextModelConfig, manifest: dict):
+    def build_model(self, model_config: ClassifierModelConfig, manifest: dict):
         from . import model as model_lib
 
         return model_lib.build_model(model_config, manifest["seq_len"], manifest["vocab_size"], manifest["num_classes"])
@@ -139,8 +140,17 @@ class TextClassificationTask(ClassificationTask):
     def nominal_manifest(self, data_config: TextDataConfig) -> dict:
         return {"seq_len": data_config.seq_len, "vocab_size": data_config.vocab_size, "num_classes": 10}
 
-    def width_fix(self, model_config: TextModelConfig, quantum: int) -> str:
+    def width_fix(self, model_config: ClassifierModelConfig, quantum: int) -> str:
         return width_fix(model_config, quantum)
+
+    # --------------------------------------------------------------- baselines
+    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+        """The majority class, and a multinomial naive Bayes on the counts of the pieces the model reads
+        (the first data.seq_len of each text)."""
+        from ..classification import linear_baselines
+
+        bag = bag_of_pieces(manifest["vocab_size"])
+        return linear_baselines(train, evaluation, manifest["num_classes"], bag, "naive_bayes", "bag-of-words")
 
     # --------------------------------------------------------------- serving
     def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
@@ -195,6 +205,22 @@ def _two_texts(raw: Path, scratch: Path) -> list[str]:
     path = scratch / "texts.txt"
     path.write_text("The striker scored twice in the final minutes.\nBake the bread for forty minutes.\n")
     return [str(path)]
+
+
+def bag_of_pieces(vocab_size: int):
+    """ids [batch, seq_len] -> counts [batch, vocab_size] of each piece, padding left out."""
+    import numpy as np
+
+    from ..text.tokenizer import PAD_ID
+
+    def bag(ids):
+        ids = np.asarray(ids)
+        counts = np.zeros((len(ids), vocab_size), np.float32)
+        np.add.at(counts, (np.repeat(np.arange(len(ids)), ids.shape[1]), ids.reshape(-1)), 1)
+        counts[:, PAD_ID] = 0
+        return counts
+
+    return bag
 
 
 TASK = TextClassificationTask()

@@ -1,0 +1,95 @@
+"""Trivial baselines of the data: the scores a model must beat to have learned anything.
+
+`make preprocess` fits the task's baselines (`Task.baselines`: the majority class, a bag-of-words or
+pixel linear model, an n-gram model, the train mean) on the train split and scores them on the eval
+split, in the task's headline metric, and writes them into manifest.json. Training prints them
+beside every evaluation and writes them into metrics.json; `make doctor` warns when the last run
+did not beat the best one.
+
+They read at most TRAIN_RECORDS train and EVAL_RECORDS eval records, interleaved over every shard,
+through the task's own `parse_batch` (no augmentation): the same inputs the model sees, a few
+seconds of host work whatever the size of the data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+TRAIN_RECORDS = 100_000
+EVAL_RECORDS = 50_000
+BATCH = 1024
+
+
+def batches(task, manifest: dict, data_dir: str, split: str, limit: int) -> Iterator:
+    """(features, targets) numpy batches of at most `limit` records of a split, read across its shards."""
+    import tensorflow as tf
+
+    from .distribute import physical_devices
+
+    physical_devices()  # TensorFlow's look at the devices, without the CUDA probe's line on a CPU machine
+    files = [f"{data_dir.rstrip('/')}/{name}" for name in manifest["splits"][split]["files"]]
+    compression = "GZIP" if manifest.get("compression") == "gzip" else ""
+    records = tf.data.Dataset.from_tensor_slices(files).interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
+        cycle_length=max(1, min(len(files), 16)),
+    )
+    parsed = records.take(limit).batch(BATCH).map(lambda serialized: task.parse_batch(serialized, manifest))
+    yield from parsed.as_numpy_iterator()
+
+
+def compute(task, manifest: dict, data_dir: str) -> dict | None:
+    """The task's baselines of these shards, as the manifest keeps them; None when it has none or a
+    split is empty."""
+    splits = manifest["splits"]
+    if not splits["train"]["num_examples"] or not splits["eval"]["num_examples"]:
+        return None
+    scores = task.baselines(
+        batches(task, manifest, data_dir, "train", TRAIN_RECORDS),
+        batches(task, manifest, data_dir, "eval", EVAL_RECORDS),
+        manifest,
+    )
+    scores = {name: round(float(value), 4) for name, value in scores.items() if math.isfinite(value)}
+    if not scores:
+        return None
+    return {
+        "metric": task.headline_metric,
+        "higher_is_better": task.higher_is_better,
+        "scores": scores,
+        "train_records": min(splits["train"]["num_examples"], TRAIN_RECORDS),
+        "eval_records": min(splits["eval"]["num_examples"], EVAL_RECORDS),
+    }
+
+
+def best(baselines: dict | None) -> tuple[str, float] | None:
+    """(name, score) of the strongest baseline, or None."""
+    if not baselines or not baselines.get("scores"):
+        return None
+    choose = max if baselines["higher_is_better"] else min
+    return choose(baselines["scores"].items(), key=lambda item: item[1])
+
+
+def beats(value: float, baselines: dict | None) -> bool | None:
+    """Whether a model's headline `value` is at least as good as the best baseline (None: no baseline)."""
+    strongest = best(baselines)
+    if strongest is None or value is None or not math.isfinite(value):
+        return None
+    return value >= strongest[1] if baselines["higher_is_better"] else value <= strongest[1]
+
+
+def describe(baselines: dict | None) -> str:
+    """'baselines: majority 0.2300, bag-of-words 0.9700' (empty without any)."""
+    if not baselines or not baselines.get("scores"):
+        return ""
+    return "baselines: " + ", ".join(f"{name} {value:.4f}" for name, value in baselines["scores"].items())
+
+
+def summary(value: float | None, baselines: dict | None) -> dict:
+    """What metrics.json keeps of them: the scores and whether the model beat the best one."""
+    if not baselines or not baselines.get("scores"):
+        return {}
+    return {
+        "baselines": dict(baselines["scores"]),
+        "best_baseline": best(baselines)[0],
+        "beats_best_baseline": beats(value, baselines),
+    }
