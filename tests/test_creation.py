@@ -15,7 +15,7 @@ from conftest import ROOT, TASKS, TPU_TYPES, VENV, bake
 EXPECTED_FILES = {
     ".cruft.json", ".gitignore", ".pre-commit-config.yaml", ".github/workflows/ci.yml", "Makefile", "README.md", "project.mk", "tpu.mk", "pyproject.toml",
     "requirements.txt", "requirements-dev.txt",
-    "configs/local.yaml", "configs/tpu.yaml", "configs/pod.yaml",
+    "configs/local.yaml", "configs/local-real.yaml", "configs/tpu.yaml", "configs/pod.yaml",
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/template_update.sh", "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (

@@ -139,6 +139,7 @@ def train_baselines(ctx: Context) -> Verdict:
     steps, rate = ctx.cfg.train.total_steps, ctx.cfg.train.base_learning_rate
     return warn(
         f"{facts}: the model does not beat the {name} baseline, a trivial model of the data",
+        "on a real corpus start from configs/local-real.yaml (its budget); "
         f"train longer (train.total_steps={2 * steps}); try train.base_learning_rate={rate / 2:g} and {rate * 2:g}; "
         "compare the train and eval loss in TensorBoard (make tensorboard): far apart, regularise (dropout, "
         "train.weight_decay) or add data; close together, a larger model",
