@@ -499,4 +499,5 @@ def test_doctor_warns_when_the_last_run_did_not_beat_its_best_baseline(data_dir,
     (run / "metrics.json").write_text(json.dumps({task.headline_metric: worse, **baselines.summary(worse, found)}))
     rule = check(data_dir, output_dir=str(run))["train.baselines"]
     assert f"does not beat the {name} baseline" in rule.message and "train.total_steps=" in rule.fix
+    assert rule.fix.endswith(f"; {task.baseline_advice}" if task.baseline_advice else "a larger model")
     assert check(data_dir, output_dir=str(tmp_path / "no-run"))["train.baselines"].status == engine.SKIP

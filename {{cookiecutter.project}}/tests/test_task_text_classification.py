@@ -473,3 +473,35 @@ def test_a_pooling_that_does_not_exist_is_one_line():
     assert ClassifierModelConfig().problem() is None
     problem = ClassifierModelConfig(pooling="sum").problem()
     assert problem == "model.pooling must be one of mean, max, mean_max, got 'sum'"
+
+
+def test_the_bag_of_pieces_reads_the_pieces_and_their_adjacent_pairs():
+    """model.bag_width > 0 joins, to the pooled tokens, the mean over a text's pieces of their
+    embeddings plus those of its adjacent pairs, hashed after the pieces' rows; padding and the pair
+    that starts a text count nothing, and the order of the pieces matters through the pairs."""
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }}.core.keras import keras
+    from {{ cookiecutter.package }}.tasks.text.layers import embedding_rows
+    from {{ cookiecutter.package }}.tasks.text_classification.model import build_model
+
+    settings = ClassifierModelConfig(width=16, depth=1, heads=2, mlp_width=32, dropout=0.0, bag_width=4, bag_buckets=64)
+    model = build_model(settings, seq_len=8, vocab_size=32, num_classes=3)
+    rows = embedding_rows(32)
+    table = model.get_layer("bag_embedding").embeddings.numpy()
+    assert table.shape == (rows + 64, 4)
+    texts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [7, 6, 5]]
+    ids = np.array([text + [0] * (8 - len(text)) for text in texts], np.int32)
+    tokens = keras.Model(model.inputs, model.get_layer("final_norm").output)(ids).numpy()
+    features = []
+    for row, text in zip(tokens, texts):
+        pairs = [rows + (previous * rows + current) % 64 for previous, current in zip(text, text[1:])]
+        bag = (table[text].sum(axis=0) + table[pairs].sum(axis=0)) / len(text)
+        features.append(np.concatenate([row[: len(text)].mean(axis=0), bag]))
+    # The same pieces in the reverse order: the same sum of pieces, other pairs.
+    assert not np.allclose(features[0][16:], features[2][16:], atol=1e-3)
+    dense = model.get_layer("logits")
+    expected = np.array(features) @ dense.kernel.numpy() + dense.bias.numpy()
+    logits = model(tf.constant(ids)).numpy()
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    assert ClassifierModelConfig(bag_width=-1).problem() == "model.bag_width must be 0 (off) or more, got -1"

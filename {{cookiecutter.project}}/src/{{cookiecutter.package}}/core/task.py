@@ -18,7 +18,7 @@ contract, in the order the data flows through them; * marks the required ones (a
     input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model                   build_model*, output_layers
     objective               loss*, step_loss, loss_terms, metrics, split_metrics
-    judging a run           headline_metric, higher_is_better, baselines
+    judging a run           headline_metric, higher_is_better, baselines, baseline_advice
     serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
     sample data, tests      write_sample_data*, testing
     doctor                  nominal_manifest*, width_fix, doctor_rules
@@ -370,6 +370,11 @@ class Task(abc.ABC):
         and metrics.json keeps them; `make doctor` warns when a run did not beat the best. None by
         default: a task should declare at least the one a constant prediction scores."""
         return {}
+
+    baseline_advice: str = ""
+    """The task's own lever when a run does not beat its baselines, which `make doctor` adds to the
+    general advice (a longer run, another learning rate), e.g. a config key that adds a simpler
+    model beside the large one."""
 
     # --------------------------------------------------------------- serving, predict
     @abc.abstractmethod

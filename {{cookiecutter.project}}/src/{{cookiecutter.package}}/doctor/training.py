@@ -142,5 +142,6 @@ def train_baselines(ctx: Context) -> Verdict:
         "on a real corpus start from configs/local-real.yaml (its budget); "
         f"train longer (train.total_steps={2 * steps}); try train.base_learning_rate={rate / 2:g} and {rate * 2:g}; "
         "compare the train and eval loss in TensorBoard (make tensorboard): far apart, regularise (dropout, "
-        "train.weight_decay) or add data; close together, a larger model",
+        "train.weight_decay) or add data; close together, a larger model"
+        + (f"; {task.baseline_advice}" if task.baseline_advice else ""),
     )

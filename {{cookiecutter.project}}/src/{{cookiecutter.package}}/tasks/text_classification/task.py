@@ -3,7 +3,8 @@
 raw input       RAW/<label>/<name>.txt (one text per file) or RAW/*.jsonl ({"text", "label"} lines)
 preprocessing   read_raw -> fit (tokenizer.model, trained on the train split) -> encode (ids)
 input           parse_batch: ids padded to exactly [batch, data.seq_len], int32
-model           model.py: a pre-LayerNorm Transformer encoder, masked mean pooling, logits
+model           model.py: a pre-LayerNorm Transformer encoder, masked pooling, an optional bag of
+                pieces and pairs beside it (model.bag_width), logits
 serving         ids [None, seq_len] -> probabilities and class; predict tokenizes text lines
 """
 
@@ -144,6 +145,11 @@ class TextClassificationTask(ClassificationTask):
         return width_fix(model_config, quantum)
 
     # --------------------------------------------------------------- baselines
+    baseline_advice = (
+        "model.bag_width=32 adds a bag of pieces and adjacent pairs beside the Transformer (fastText), "
+        "which learns the word counts and short phrases that carry most of the signal in a small corpus"
+    )
+
     def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
         """The majority class, and a multinomial naive Bayes on the counts of the pieces the model reads
         (the first data.seq_len of each text)."""
