@@ -149,6 +149,51 @@ def test_a_failed_run_leaves_the_previous_output_intact(raw_dir, tmp_path, monke
     assert not [p.name for p in output.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_a_manifest_is_written_whole_or_not_at_all(raw_dir, tmp_path, monkeypatch):
+    """The disk fills while a run adds its baselines to the manifest (its second write): the
+    manifest it wrote first stays whole, and no part of the failed one is left behind."""
+    output = tmp_path / "out"
+    create, manifest_writes = FileSystems.create, []
+
+    class DiskFull:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, data: bytes) -> None:
+            self.handle.write(data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+    def fill_on_the_second_manifest(path, *args, **kwargs):
+        handle = create(path, *args, **kwargs)
+        if path.rsplit("/", 1)[-1].startswith(preprocessing.MANIFEST_TEMPORARY):
+            manifest_writes.append(path)
+            if len(manifest_writes) == 2:
+                return DiskFull(handle)
+        return handle
+
+    monkeypatch.setattr(FileSystems, "create", fill_on_the_second_manifest)
+    with pytest.raises(OSError, match="No space left"):
+        run_preprocess(raw_dir, output, *ARGS)
+    monkeypatch.undo()
+    assert len(manifest_writes) == 2
+    written = json.loads((output / "manifest.json").read_text())
+    assert "baselines" not in written and written["splits"]["train"]["num_examples"] > 0
+    assert_exact(output, written)
+    assert not [p.name for p in output.iterdir() if p.name.startswith(preprocessing.MANIFEST_TEMPORARY)]
+
+    # A killed writer's temporary manifest is removed by the next run, which adds the baselines.
+    (output / f"{preprocessing.MANIFEST_TEMPORARY}killed").write_bytes(b'{"task": ')
+    again = run_preprocess(raw_dir, output, *ARGS)
+    assert again["baselines"]["scores"] and {**again, "baselines": None} == {**written, "baselines": None}
+    assert not [p.name for p in output.iterdir() if p.name.startswith(preprocessing.MANIFEST_TEMPORARY)]
+
+
 def test_runs_are_deterministic(raw_dir, reference, tmp_path):
     first_dir, first = reference
     second = run_preprocess(raw_dir, tmp_path, *ARGS)

@@ -58,6 +58,8 @@ REJECTED = "rejected.jsonl"
 FILES_PER_ELEMENT = 128
 NAMESPACE = "preprocess"
 SHARD_PATTERNS = ("*-?????-of-?????.tfrecord", "*-?????-of-?????.tfrecord.gz")
+MANIFEST_TEMPORARY = f"{MANIFEST}.tmp-"
+"""Prefix of a manifest being written (write_manifest); one a killed run left is removed by the next."""
 
 
 # ----------------------------------------------------------------------------- stable hashing
@@ -270,7 +272,7 @@ def finalize(
         FileSystems.delete([old_manifest])  # from here on no manifest describes a mixed folder
     old = [
         m.path
-        for pattern in (*SHARD_PATTERNS, REJECTED)
+        for pattern in (*SHARD_PATTERNS, REJECTED, f"{MANIFEST_TEMPORARY}*")
         for m in FileSystems.match([join(output, pattern)])[0].metadata_list
     ]
     if old:
@@ -318,10 +320,30 @@ def finalize(
         "rejected": {"count": len(rejected), "by_reason": dict(sorted(by_reason.items())), "file": REJECTED},
         "ignored_files": ignored,
     }
-    with FileSystems.create(join(output, MANIFEST), mime_type="application/json") as handle:
-        handle.write(json.dumps(manifest, indent=2).encode("utf-8"))
+    write_manifest(output, manifest)
     remove_temp_folders(output, temp_dir)
     return manifest
+
+
+def write_manifest(output: str, manifest: dict) -> None:
+    """Writes manifest.json whole or not at all: a reader, or a run killed or out of disk mid-write,
+    finds the previous manifest or the new one, never a part of one.
+
+    The text is made before any file is touched, written to a temporary file beside the manifest,
+    then renamed over it: rename(2) on a local disk, and on gs:// a copy that creates the new
+    generation of the object in one step. A failed write removes its temporary file; a killed one
+    leaves it to the next run's finalize.
+    """
+    text = json.dumps(manifest, indent=2).encode("utf-8")
+    temporary = join(output, f"{MANIFEST_TEMPORARY}{uuid.uuid4().hex[:8]}")
+    try:
+        with FileSystems.create(temporary, mime_type="application/json") as handle:
+            handle.write(text)
+        FileSystems.rename([temporary], [join(output, MANIFEST)])
+    except BaseException:
+        if FileSystems.exists(temporary):
+            FileSystems.delete([temporary])
+        raise
 
 
 def remove_temp_folders(output: str, temp_dir: str) -> None:
@@ -555,9 +577,7 @@ def add_baselines(manifest: dict, output: str) -> None:
     found = baselines.compute(tasks.current(), manifest, output)
     if found is None:
         return
-    manifest["baselines"] = found
-    with FileSystems.create(join(output, MANIFEST), mime_type="application/json") as handle:
-        handle.write(json.dumps(manifest, indent=2).encode("utf-8"))
+    write_manifest(output, {**manifest, "baselines": found})
     print(
         f"{baselines.describe(found)} (eval {found['metric']}; fitted on {found['train_records']} train records "
         f"in {time.perf_counter() - started:.1f}s): the model must beat the best",
