@@ -122,6 +122,7 @@ def test_the_gathered_in_batch_loss_has_the_one_device_gradient_on_8_replicas(st
     """One SGD update of the same weights on the same global batch of 128: the same on the suite's 8
     replicas as on one device (the in-batch softmax sees the global batch through the gather)."""
     import tensorflow as tf
+    from conftest import assert_same_updates
 
     from {{package}} import parity
     from {{package}}.core import config as config_lib
@@ -148,13 +149,6 @@ def test_the_gathered_in_batch_loss_has_the_one_device_gradient_on_8_replicas(st
     for side in (tf.distribute.OneDeviceStrategy("/cpu:0"), strategy):
         _, _, model = parity.train_curve(make, side, curves.initial, [batch])
         updates.append([after - before for after, before in zip(model.get_weights(), curves.initial)])
-    # A value that cancels out to far less than the others (a sum of 128 terms of either sign) agrees to
-    # the float32 rounding of such a sum: 128 units of epsilon of the largest update, plus the last
-    # place of the largest weight, which after - before reads each side through.
-    largest_update = max(float(np.abs(update).max()) for update in updates[0])
-    largest_weight = max(float(np.abs(weight).max()) for weight in curves.initial)
-    rounding = 128 * np.finfo(np.float32).eps * largest_update + 2 * float(np.spacing(np.float32(largest_weight)))
-    for replicated, single in zip(*updates):
-        np.testing.assert_allclose(replicated, single, rtol=1e-4, atol=rounding)
+    assert_same_updates(*updates, curves.initial, terms=128)
     assert max(np.abs(update).max() for update in updates[0]) > 1e-3
 '''

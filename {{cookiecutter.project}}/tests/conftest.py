@@ -229,6 +229,24 @@ def finished_run_of(task_name: str, tmp_path_factory):
     return _RUNS[task_name]
 
 
+def assert_same_updates(updates: list, expected: list, weights: list, terms: int) -> None:
+    """Two float32 updates of a model's `weights` from the same global batch of `terms` examples
+    agree: every value to 1e-4 of itself, and a value that cancels out to far less than the others (a
+    sum of `terms` terms of either sign; a bias whose gradient is zero) to the float32 rounding of
+    such a sum, `terms` units of float32 epsilon of the largest update, plus the last place of the
+    largest weight, which `after - before` reads each side through. Eight replicas sum the same terms
+    in another order than one device; a wrong scale or a missing replica's share is off by a tenth or
+    more of every value."""
+    import numpy as np
+
+    largest_update = max(float(np.abs(value).max()) for value in expected)
+    largest_weight = max(float(np.abs(value).max()) for value in weights)
+    rounding = terms * np.finfo(np.float32).eps * largest_update + 2 * float(np.spacing(np.float32(largest_weight)))
+    assert len(updates) == len(expected)
+    for update, wanted in zip(updates, expected):
+        np.testing.assert_allclose(update, wanted, rtol=1e-4, atol=rounding)
+
+
 def tiny_config(data_dir: Path, output_dir: Path, *overrides: str):
     """The project's task's configs/local.yaml shrunk to run in seconds."""
     return task_config(tasks.DEFAULT, data_dir, output_dir, *overrides)

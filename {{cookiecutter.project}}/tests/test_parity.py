@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import assert_same_updates
+
 from {{ cookiecutter.package }} import parity
 from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.core.model import TaskModel, gather, replica_offset
@@ -69,22 +71,6 @@ def one_device():
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
-def assert_same_updates(updates: list, expected: list, weights: list) -> None:
-    """Two float32 updates of a model's `weights` from the same global batch agree: every value to
-    1e-4 of itself, and a value that cancels out to far less than the others (a sum of BATCH terms of
-    either sign; the document tower's bias, whose gradient is zero) to the float32 rounding of such a
-    sum, BATCH units of float32 epsilon of the largest update, plus the last place of the largest
-    weight, which `after - before` reads each side through. Eight replicas sum the same terms in
-    another order than one device; a wrong scale or a missing replica's share is off by a tenth or
-    more of every value."""
-    largest_update = max(float(np.abs(value).max()) for value in expected)
-    largest_weight = max(float(np.abs(value).max()) for value in weights)
-    rounding = BATCH * np.finfo(np.float32).eps * largest_update + 2 * float(np.spacing(np.float32(largest_weight)))
-    assert len(updates) == len(expected)
-    for update, wanted in zip(updates, expected):
-        np.testing.assert_allclose(update, wanted, rtol=1e-4, atol=rounding)
-
-
 def test_a_per_example_loss_trains_alike_on_one_device_and_8_replicas(strategy, batches):
     queries = [({"query": features["query"]}, targets) for features, targets in batches]
     curves = parity.compare(per_example, queries, one_device(), strategy)
@@ -113,7 +99,7 @@ def test_the_in_batch_loss_over_the_gathered_batch_agrees_and_has_the_one_device
     for side in (one_device(), strategy):
         _, _, model = parity.train_curve(make, side, curves.initial, batches[:1])
         updates.append([after - before for after, before in zip(model.get_weights(), curves.initial)])
-    assert_same_updates(*updates, curves.initial)
+    assert_same_updates(*updates, curves.initial, terms=BATCH)
     assert np.abs(updates[0][0]).max() > 1e-4  # the update is not zero
 
 
@@ -185,4 +171,5 @@ def test_a_step_loss_with_gradient_accumulation_applies_the_mean_of_the_micro_ba
         [after - before for after, before in zip(model.get_weights(), initial)],
         [(first + second) / 2 for first, second in zip(*alone)],
         initial,
+        terms=BATCH,
     )

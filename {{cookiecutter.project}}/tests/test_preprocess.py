@@ -18,7 +18,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from conftest import DATA_OVERRIDES, PROJECT, SAMPLE_BROKEN, run_preprocess
 
-from {{ cookiecutter.package }}.core import input_pipeline, topology
+from {{ cookiecutter.package }}.core import input_pipeline, run_dir, topology
 from {{ cookiecutter.package }} import preprocess, tasks
 from {{ cookiecutter.package }}.core import preprocessing
 from {{ cookiecutter.package }}.core.task import RawExample
@@ -152,15 +152,18 @@ def test_a_failed_run_leaves_the_previous_output_intact(raw_dir, tmp_path, monke
 def test_a_manifest_is_written_whole_or_not_at_all(raw_dir, tmp_path, monkeypatch):
     """The disk fills while a run adds its baselines to the manifest (its second write): the
     manifest it wrote first stays whole, and no part of the failed one is left behind."""
+    import tensorflow as tf
+
     output = tmp_path / "out"
-    create, manifest_writes = FileSystems.create, []
+    temporary = f"{preprocessing.MANIFEST}{run_dir.TEMPORARY}"
+    open_file, manifest_writes = tf.io.gfile.GFile, []
 
     class DiskFull:
         def __init__(self, handle):
             self.handle = handle
 
-        def write(self, data: bytes) -> None:
-            self.handle.write(data[: len(data) // 2])
+        def write(self, text: str) -> None:
+            self.handle.write(text[: len(text) // 2])
             raise OSError(28, "No space left on device")
 
         def __enter__(self):
@@ -170,14 +173,14 @@ def test_a_manifest_is_written_whole_or_not_at_all(raw_dir, tmp_path, monkeypatc
             self.handle.close()
 
     def fill_on_the_second_manifest(path, *args, **kwargs):
-        handle = create(path, *args, **kwargs)
-        if path.rsplit("/", 1)[-1].startswith(preprocessing.MANIFEST_TEMPORARY):
+        handle = open_file(path, *args, **kwargs)
+        if str(path).rsplit("/", 1)[-1].startswith(temporary):
             manifest_writes.append(path)
             if len(manifest_writes) == 2:
                 return DiskFull(handle)
         return handle
 
-    monkeypatch.setattr(FileSystems, "create", fill_on_the_second_manifest)
+    monkeypatch.setattr(tf.io.gfile, "GFile", fill_on_the_second_manifest)
     with pytest.raises(OSError, match="No space left"):
         run_preprocess(raw_dir, output, *ARGS)
     monkeypatch.undo()
@@ -185,13 +188,13 @@ def test_a_manifest_is_written_whole_or_not_at_all(raw_dir, tmp_path, monkeypatc
     written = json.loads((output / "manifest.json").read_text())
     assert "baselines" not in written and written["splits"]["train"]["num_examples"] > 0
     assert_exact(output, written)
-    assert not [p.name for p in output.iterdir() if p.name.startswith(preprocessing.MANIFEST_TEMPORARY)]
+    assert not [p.name for p in output.iterdir() if p.name.startswith(temporary)]
 
     # A killed writer's temporary manifest is removed by the next run, which adds the baselines.
-    (output / f"{preprocessing.MANIFEST_TEMPORARY}killed").write_bytes(b'{"task": ')
+    (output / f"{temporary}killed").write_bytes(b'{"task": ')
     again = run_preprocess(raw_dir, output, *ARGS)
     assert again["baselines"]["scores"] and {**again, "baselines": None} == {**written, "baselines": None}
-    assert not [p.name for p in output.iterdir() if p.name.startswith(preprocessing.MANIFEST_TEMPORARY)]
+    assert not [p.name for p in output.iterdir() if p.name.startswith(temporary)]
 
 
 def test_runs_are_deterministic(raw_dir, reference, tmp_path):

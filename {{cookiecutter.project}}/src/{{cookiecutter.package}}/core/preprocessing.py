@@ -58,8 +58,6 @@ REJECTED = "rejected.jsonl"
 FILES_PER_ELEMENT = 128
 NAMESPACE = "preprocess"
 SHARD_PATTERNS = ("*-?????-of-?????.tfrecord", "*-?????-of-?????.tfrecord.gz")
-MANIFEST_TEMPORARY = f"{MANIFEST}.tmp-"
-"""Prefix of a manifest being written (write_manifest); one a killed run left is removed by the next."""
 
 
 # ----------------------------------------------------------------------------- stable hashing
@@ -266,13 +264,15 @@ def finalize(
     input_root: str,
 ) -> dict:
     """Replaces the previous output with the new shards, then writes the manifest last."""
+    from .run_dir import TEMPORARY  # TensorFlow's file system: not imported at start-up
+
     output = output.rstrip("/")
     old_manifest = join(output, MANIFEST)
     if FileSystems.exists(old_manifest):
         FileSystems.delete([old_manifest])  # from here on no manifest describes a mixed folder
     old = [
         m.path
-        for pattern in (*SHARD_PATTERNS, REJECTED, f"{MANIFEST_TEMPORARY}*")
+        for pattern in (*SHARD_PATTERNS, REJECTED, f"{MANIFEST}{TEMPORARY}*")  # a killed write's manifest
         for m in FileSystems.match([join(output, pattern)])[0].metadata_list
     ]
     if old:
@@ -326,24 +326,11 @@ def finalize(
 
 
 def write_manifest(output: str, manifest: dict) -> None:
-    """Writes manifest.json whole or not at all: a reader, or a run killed or out of disk mid-write,
-    finds the previous manifest or the new one, never a part of one.
+    """Writes manifest.json whole or not at all (write_atomically): a reader, or a run killed or out
+    of disk mid-write, finds the previous manifest or the new one, never a part of one."""
+    from .run_dir import write_atomically  # TensorFlow's file system: not imported at start-up
 
-    The text is made before any file is touched, written to a temporary file beside the manifest,
-    then renamed over it: rename(2) on a local disk, and on gs:// a copy that creates the new
-    generation of the object in one step. A failed write removes its temporary file; a killed one
-    leaves it to the next run's finalize.
-    """
-    text = json.dumps(manifest, indent=2).encode("utf-8")
-    temporary = join(output, f"{MANIFEST_TEMPORARY}{uuid.uuid4().hex[:8]}")
-    try:
-        with FileSystems.create(temporary, mime_type="application/json") as handle:
-            handle.write(text)
-        FileSystems.rename([temporary], [join(output, MANIFEST)])
-    except BaseException:
-        if FileSystems.exists(temporary):
-            FileSystems.delete([temporary])
-        raise
+    write_atomically(join(output, MANIFEST), json.dumps(manifest, indent=2))
 
 
 def remove_temp_folders(output: str, temp_dir: str) -> None:

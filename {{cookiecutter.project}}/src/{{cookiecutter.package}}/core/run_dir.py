@@ -36,9 +36,14 @@ def latest_checkpoint(output_dir: str) -> str | None:
     return tf.train.latest_checkpoint(run_path(output_dir, "checkpoints"))
 
 
+TEMPORARY = ".tmp-"
+"""What `write_atomically` appends to a path for the temporary file it renames over it."""
+
+
 def write_atomically(path: str, content: str) -> None:
-    """Writes `path` so that a reader (or a process killed mid-write) sees the old content or the
-    new one, never a part: the content goes to a temporary file beside it, then replaces it.
+    """Writes `path` so that a reader (or a process killed or out of disk mid-write) sees the old
+    content or the new one, never a part: the content goes to a temporary file beside it, then
+    replaces it. A failed write removes its temporary file.
 
     On a local disk the rename is atomic (POSIX rename(2)). On gs:// a rename is a copy then a
     delete, but Cloud Storage objects are replaced whole: the temporary object is complete before
@@ -46,10 +51,15 @@ def write_atomically(path: str, content: str) -> None:
     not give is the old-or-new guarantee for the temporary object: a killed writer may leave a
     stray `.tmp-*` object beside the record, which nothing reads.
     """
-    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with tf.io.gfile.GFile(temporary, "w") as handle:
-        handle.write(content)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    temporary = f"{path}{TEMPORARY}{uuid.uuid4().hex[:8]}"
+    try:
+        with tf.io.gfile.GFile(temporary, "w") as handle:
+            handle.write(content)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise
 
 
 class RunRecord:
