@@ -34,7 +34,7 @@ EXPECTED_FILES = {
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/local.yaml", "configs/tpu.yaml",
         "configs/pod.yaml")),
     *(f"tests/{name}.py" for name in (
-        "conftest", "gcs_emulator", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
+        "conftest", "gcs_emulator", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
         "test_input", "test_layout", "test_memory", "test_new_task", "test_parity", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
         "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),

@@ -20,8 +20,7 @@ from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.core.task import RawExample, RawRejection, Rejected
 from {{ cookiecutter.package }}.tasks.text_classification import TASK, doctor_rules, sample_data, tokenizer
-from {{ cookiecutter.package }}.tasks.text.config import TextDataConfig
-from {{ cookiecutter.package }}.tasks.text_classification.config import ClassifierModelConfig
+from {{ cookiecutter.package }}.tasks.text_classification.config import ClassifierDataConfig, ClassifierModelConfig
 
 SEQ_LEN = 16
 
@@ -48,15 +47,15 @@ def small_raw(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fitted(small_raw) -> tuple[TextDataConfig, dict, list[RawExample], list[str]]:
+def fitted(small_raw) -> tuple[ClassifierDataConfig, dict, list[RawExample], list[str]]:
     """(data config, artifacts, examples, label names) after fitting the tokenizer on the small sample."""
-    data_config = TextDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
+    data_config = ClassifierDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
     examples, _ = read_all(small_raw)
     artifacts = TASK.fit([example.payload for example in examples], data_config, str(small_raw))
     return data_config, artifacts, examples, sorted({example.target for example in examples})
 
 
-def manifest_for(data_config: TextDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
+def manifest_for(data_config: ClassifierDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
     return TASK.manifest_fields(data_config, artifacts, {}, [f"topic{index}" for index in range(num_classes)])
 
 
@@ -172,7 +171,7 @@ def test_tokenizer_fit_is_deterministic(fitted):
     pieces = tokenizer.processor(artifacts[tokenizer.MODEL_FILE])
     assert (pieces.IdToPiece(0), pieces.unk_id(), pieces.bos_id(), pieces.eos_id()) == ("<pad>", 1, -1, -1)
     with pytest.raises(UserError, match="raise data.vocab_size"):  # fewer pieces than distinct characters
-        TASK.fit(texts, TextDataConfig(vocab_size=10), "unused")
+        TASK.fit(texts, ClassifierDataConfig(vocab_size=10), "unused")
 
 
 def test_encode_parse_round_trip_pads_and_truncates(fitted):
@@ -186,8 +185,20 @@ def test_encode_parse_round_trip_pads_and_truncates(fitted):
     full_long = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], long.payload)
     full_short = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], short.payload)
     assert len(full_long) > SEQ_LEN > len(full_short) > 0
-    assert stats[0] == {"examples": 1, "tokens": len(full_short), "truncated": 0, "kept_tokens": len(full_short)}
-    assert stats[1] == {"examples": 1, "tokens": len(full_long), "truncated": 1, "kept_tokens": SEQ_LEN}
+    assert stats[0] == {
+        "examples": 1,
+        "tokens": len(full_short),
+        "truncated": 0,
+        "kept_tokens": len(full_short),
+        "kept_share": 1.0,
+    }
+    assert stats[1] == {
+        "examples": 1,
+        "tokens": len(full_long),
+        "truncated": 1,
+        "kept_tokens": SEQ_LEN,
+        "kept_share": SEQ_LEN / len(full_long),
+    }
 
     padding = TASK.padding_record(manifest_for(data_config, artifacts))
     ids, labels = TASK.parse_batch(tf.constant([*records, padding]), manifest_for(data_config, artifacts))
@@ -208,11 +219,41 @@ def test_encode_rejects_text_without_tokens(fitted):
 
 def test_manifest_length_statistics(fitted):
     data_config, artifacts, _, _ = fitted
-    stats = {"examples": 4, "tokens": 80, "truncated": 2, "kept_tokens": 48}
+    # Texts of 8, 12, 20 and 40 pieces in windows of 16: the last two cut to 16 of 20 and 16 of 40.
+    stats = {"examples": 4, "tokens": 80, "truncated": 2, "kept_tokens": 52, "kept_share": 1 + 1 + 0.8 + 0.4}
     fields = TASK.manifest_fields(data_config, artifacts, stats, ["a", "b"])
     assert (fields["label_names"], fields["num_classes"]) == (["a", "b"], 2)
     assert fields["seq_len"] == SEQ_LEN and fields["tokenizer"]["file"] == tokenizer.MODEL_FILE
-    assert fields["length_stats"] == {"mean_tokens": 20.0, "share_truncated": 0.5, "mean_padding": 0.25}
+    assert fields["truncation"] == "head"
+    # 12 of 64 positions are padding; each text keeps 1, 1, 0.8 and 0.4 of its pieces: 0.8 on average.
+    assert fields["length_stats"] == {
+        "mean_tokens": 20.0,
+        "share_truncated": 0.5,
+        "mean_kept": 0.8,
+        "mean_padding": 0.1875,
+    }
+
+
+def test_the_window_coverage_is_counted_text_by_text(fitted):
+    """The statistics encode adds up, for texts of known lengths, against a count by hand: a text of
+    n > 16 pieces keeps 16 / n of them, a shorter one all; the manifest's mean and share, and the line
+    training and the doctor print."""
+    data_config, artifacts, _, _ = fitted
+    model_bytes = artifacts[tokenizer.MODEL_FILE]
+    texts = ["The chef baked bread.", "The team scored a goal after halftime. " * 3, "A long day of rain. " * 12]
+    lengths = [len(tokenizer.tokenize(model_bytes, text)) for text in texts]
+    assert lengths[0] <= SEQ_LEN < lengths[1] < lengths[2]
+    total = {}
+    for index, text in enumerate(texts):
+        _, stats = TASK.encode(RawExample(f"a/{index}.txt", "a", text), ["a"], data_config, artifacts)
+        total = {key: total.get(key, 0) + value for key, value in stats.items()}
+    fields = TASK.manifest_fields(data_config, artifacts, total, ["a"])
+    kept = (1 + SEQ_LEN / lengths[1] + SEQ_LEN / lengths[2]) / 3
+    assert fields["length_stats"]["share_truncated"] == round(2 / 3, 4)
+    assert fields["length_stats"]["mean_kept"] == round(kept, 4)
+    described = TASK.describe_data({**fields, "num_classes": 1})
+    assert f"the window (first {SEQ_LEN} pieces) keeps {kept:.0%} of a text's pieces on average" in described
+    assert "67% of texts truncated" in described
 
 
 # ----------------------------------------------------------------------------- input side
@@ -226,7 +267,7 @@ def test_check_manifest_refuses_mismatched_shards(fitted, tmp_path):
     (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
     TASK.check_manifest(manifest, data_config, str(tmp_path))  # matching shards pass
     with pytest.raises(UserError, match="data.seq_len=16"):
-        TASK.check_manifest(manifest, TextDataConfig(seq_len=32, vocab_size=1000), str(tmp_path))
+        TASK.check_manifest(manifest, ClassifierDataConfig(seq_len=32, vocab_size=1000), str(tmp_path))
     (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE] + b"x")
     with pytest.raises(UserError, match="shards and tokenizer do not match"):
         TASK.check_manifest(manifest, data_config, str(tmp_path))
@@ -317,7 +358,7 @@ def test_sample_data_is_learnable(tmp_path):
     sample_data.write_dataset(tmp_path, texts_per_class=300, jsonl_lines=0, seed=1)
     examples, _ = read_all(tmp_path)
     labels = sorted({example.target for example in examples})
-    data_config = TextDataConfig(seq_len=64)
+    data_config = ClassifierDataConfig(seq_len=64)
     train = [example for example in examples if not is_eval(example.source)]
     held_out = [example for example in examples if is_eval(example.source)]
     artifacts = TASK.fit([example.payload for example in train], data_config, str(tmp_path))
@@ -354,7 +395,7 @@ def test_doctor_rules():
     tpu, cpu = SimpleNamespace(kind="tpu"), SimpleNamespace(kind="cpu")
 
     def cfg(**data):
-        return SimpleNamespace(data=TextDataConfig(**data))
+        return SimpleNamespace(data=ClassifierDataConfig(**data))
 
     def stats(truncated, padding):
         return {
@@ -371,8 +412,17 @@ def test_doctor_rules():
     assert doctor_rules.embedding_rows(cfg(), tpu, {"vocab_size": 1999})[0] == "pass"
     assert doctor_rules.embedding_rows(cfg(vocab_size=500), tpu, {"vocab_size": 1999})[0] == "warn"
     assert doctor_rules.sequence_fit(cfg(), tpu, stats(0.05, 0.3))[0] == "pass"
-    status, _, fix = doctor_rules.sequence_fit(cfg(), tpu, stats(0.3, 0.3))
-    assert status == "warn" and "raise data.seq_len" in fix
+    status, message, fix = doctor_rules.sequence_fit(cfg(), tpu, stats(0.3, 0.3))
+    assert status == "warn" and "raise data.seq_len" in fix and "data.truncation=head_tail" in fix
+    assert "model.bag_width" in fix and "the baselines read whole texts" in message
+    coverage = stats(0.3, 0.3)
+    coverage["length_stats"]["mean_kept"] = 0.41
+    assert (
+        "30% of texts truncated, the window keeps 41% of a text's pieces"
+        in doctor_rules.sequence_fit(cfg(), tpu, coverage)[1]
+    )
+    coverage["truncation"] = "head_tail"
+    assert "data.truncation" not in doctor_rules.sequence_fit(cfg(), tpu, coverage)[2]
     status, _, fix = doctor_rules.sequence_fit(cfg(), cpu, stats(0.0, 0.7))
     assert status == "warn" and "data.seq_len=64" in fix
     assert doctor_rules.sequence_fit(cfg(), tpu, stats(0.0, 0.7))[0] == "pass"  # 128 is the TPU's floor
@@ -424,26 +474,81 @@ def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
     assert Counter(tuple(row) for row in predicted.tolist()) == evaluated
 
 
-def _batches(rows: list[tuple[list[int], int]], seq_len: int = 8, size: int = 3):
-    """(ids padded to seq_len, labels) numpy batches of `size` rows, as parse_batch gives them."""
-    for start in range(0, len(rows), size):
-        chunk = rows[start : start + size]
-        ids = np.array([row + [tokenizer.PAD_ID] * (seq_len - len(row)) for row, _ in chunk], np.int32)
-        yield ids, np.array([label for _, label in chunk], np.int32)
+def _baseline_batches(records: list[bytes], manifest: dict, size: int = 3):
+    """What core/baselines.py hands the task: `baseline_batch` of the serialized records, as numpy."""
+    import tensorflow as tf
+
+    for start in range(0, len(records), size):
+        features, targets = TASK.baseline_batch(tf.constant(records[start : start + size]), manifest)
+        yield features.numpy(), targets.numpy()
 
 
-def test_the_baselines_are_the_majority_class_and_naive_bayes_on_the_pieces():
-    """Class 0 uses pieces 2-3 and class 1 pieces 4-5 (padding, plentiful in class 1, counts for
-    neither): naive Bayes gets every eval text right where the majority class gets its share; a text of
-    pieces seen only in class 1's train texts goes to class 1 even where class 0 is the majority."""
-    train = [([2, 3, 2], 0)] * 5 + [([4, 5], 1)] * 3
-    evaluation = [([3, 3, 2, 2], 0), ([5], 1), ([4, 4, 5], 1), ([2], 0)]
-    manifest = {"num_classes": 2, "vocab_size": 8}
-    found = TASK.baselines(_batches(train), _batches(evaluation), manifest)
+def test_the_baselines_read_the_whole_text(fitted):
+    """Every text opens with the same sentences, longer than the window; only what follows names the
+    class. The model's window of each is the same (a model of it can only guess), but the baselines
+    read the bag of every piece of the whole text: naive Bayes gets every eval text right."""
+    import tensorflow as tf
+
+    data_config, artifacts, _, _ = fitted
+    opening = "The match report begins here. The weather was mild and the crowd was large. " * 2
+    endings = {"bake": "The chef baked bread and cake.", "goal": "The striker scored a goal."}
+    categories = sorted(endings)
+
+    def text(label: str, index: int) -> str:
+        return f"{opening}{' '.join([endings[label]] * (1 + index % 3))}"
+
+    def record(label: str, index: int) -> bytes:
+        example = RawExample(f"{label}/{index}.txt", label, text(label, index))
+        return TASK.encode(example, categories, data_config, artifacts)[0]
+
+    train = [record(label, index) for index in range(4) for label in categories]
+    evaluation = [record(label, index) for index in (5, 6) for label in categories]
+    manifest = manifest_for(data_config, artifacts, len(categories))
+    windows, _ = TASK.parse_batch(tf.constant(evaluation), manifest)
+    assert all((row == windows.numpy()[0]).all() for row in windows.numpy())  # the signal is past the window
+    counts, labels = next(_baseline_batches(evaluation[:1], manifest))
+    model_bytes = artifacts[tokenizer.MODEL_FILE]
+    whole = tokenizer.tokenize(model_bytes, text("bake", 5))
+    assert counts.shape == (1, manifest["vocab_size"]) and counts.sum() == len(whole) and labels.tolist() == [0]
+    assert counts[0, whole].tolist() == [whole.count(piece) for piece in whole]
+    found = TASK.baselines(_baseline_batches(train, manifest), _baseline_batches(evaluation, manifest), manifest)
     assert found == {"majority": 0.5, "bag-of-words": 1.0}
-    # The prior alone decides an empty text: class 0, the majority.
-    found = TASK.baselines(_batches(train), _batches([([], 0), ([4], 1)]), manifest)
-    assert found == {"majority": 0.5, "bag-of-words": 1.0}
+
+
+def test_head_tail_keeps_both_ends_in_the_records_and_in_predict(fitted, tmp_path):
+    """data.truncation=head_tail: a long text's first seq_len // 2 and last seq_len - seq_len // 2 pieces,
+    in the shards and in `make predict`'s batch alike; a short text whole; shards cut one way refuse a
+    config that says the other."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    assert tokenizer.window(list(range(10)), 4, "head_tail") == [0, 1, 8, 9]
+    assert tokenizer.window(list(range(10)), 5, "head_tail") == [0, 1, 7, 8, 9]
+    assert tokenizer.window(list(range(10)), 4) == [0, 1, 2, 3]
+    assert tokenizer.window([3, 4], 4, "head_tail") == [3, 4]
+    data_config, artifacts, _, _ = fitted
+    both_ends = dataclasses.replace(data_config, truncation="head_tail")
+    text = "The opening line. " + "The team scored a goal after halftime. " * 6 + "Signed, the editor."
+    ids = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], text)
+    half = SEQ_LEN // 2
+    record, stats = TASK.encode(RawExample("a/1.txt", "a", text), ["a"], both_ends, artifacts)
+    manifest = TASK.manifest_fields(both_ends, artifacts, stats, ["a"])
+    assert manifest["truncation"] == "head_tail"
+    rows, _ = TASK.parse_batch(tf.constant([record]), manifest)
+    assert rows.numpy()[0].tolist() == ids[:half] + ids[-half:]
+    (tmp_path / "export" / "assets.extra").mkdir(parents=True)
+    (tmp_path / "export" / "assets.extra" / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
+    (tmp_path / "texts.txt").write_text(text + "\n")
+    _, predicted = TASK.predict_inputs([str(tmp_path / "texts.txt")], str(tmp_path / "export"), manifest)
+    assert predicted[0].tolist() == rows.numpy()[0].tolist()
+    (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
+    with pytest.raises(UserError, match="data.truncation=head_tail"):
+        TASK.check_manifest(manifest, data_config, str(tmp_path))
+    assert (
+        ClassifierDataConfig(truncation="tail").problem()
+        == "data.truncation must be one of head, head_tail, got 'tail'"
+    )
 
 
 @pytest.mark.parametrize("pooling", ["mean", "max", "mean_max"])

@@ -7,8 +7,11 @@ beside every evaluation and writes them into metrics.json; `make doctor` warns w
 did not beat the best one.
 
 They read at most TRAIN_RECORDS train and EVAL_RECORDS eval records, interleaved over every shard,
-through the task's own `parse_batch` (no augmentation): the same inputs the model sees, a few
-seconds of host work whatever the size of the data.
+through the task's `baseline_batch` (by default `parse_batch`, without augmentation: the inputs the
+model sees), a few seconds of host work whatever the size of the data. A task whose model reads a
+window of each input (the text classifier: the first data.seq_len pieces) fits them on the whole
+input instead, and the window's coverage (from the manifest's `length_stats`) is printed beside
+them: a baseline cut like the model would hide what the cut costs.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def batches(task, manifest: dict, data_dir: str, split: str, limit: int) -> Iter
         lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
         cycle_length=max(1, min(len(files), 16)),
     )
-    parsed = records.take(limit).batch(BATCH).map(lambda serialized: task.parse_batch(serialized, manifest))
+    parsed = records.take(limit).batch(BATCH).map(lambda serialized: task.baseline_batch(serialized, manifest))
     yield from parsed.as_numpy_iterator()
 
 
@@ -52,13 +55,28 @@ def compute(task, manifest: dict, data_dir: str) -> dict | None:
     scores = {name: round(float(value), 4) for name, value in scores.items() if math.isfinite(value)}
     if not scores:
         return None
-    return {
+    found = {
         "metric": task.headline_metric,
         "higher_is_better": task.higher_is_better,
         "scores": scores,
         "train_records": min(splits["train"]["num_examples"], TRAIN_RECORDS),
         "eval_records": min(splits["eval"]["num_examples"], EVAL_RECORDS),
     }
+    return {**found, **window_of(task, manifest)}
+
+
+def window_of(task, manifest: dict) -> dict:
+    """{'window': {'seq_len', 'share_truncated', 'mean_kept'}} when the baselines read whole inputs
+    (the task's own `baseline_batch`) of which the model reads a window; else {}."""
+    from .task import Task
+
+    stats = manifest.get("length_stats") or {}
+    # The task's own `baseline_batch` (its bound method's function), not the contract's default.
+    own = getattr(getattr(task, "baseline_batch", None), "__func__", None)
+    if own is None or own is Task.baseline_batch or "mean_kept" not in stats:
+        return {}
+    window = {"share_truncated": stats["share_truncated"], "mean_kept": stats["mean_kept"]}
+    return {"window": {"seq_len": manifest.get("seq_len"), **window}}
 
 
 def best(baselines: dict | None) -> tuple[str, float] | None:
@@ -78,10 +96,19 @@ def beats(value: float, baselines: dict | None) -> bool | None:
 
 
 def describe(baselines: dict | None) -> str:
-    """'baselines: majority 0.2300, bag-of-words 0.9700' (empty without any)."""
+    """'baselines: majority 0.2300, bag-of-words 0.9700' (empty without any); where they read whole
+    inputs of which the model sees a window, what that window keeps: 'baselines: ... on whole inputs
+    (the model's window of 128 keeps 41% of their tokens, 87% of inputs truncated)'."""
     if not baselines or not baselines.get("scores"):
         return ""
-    return "baselines: " + ", ".join(f"{name} {value:.4f}" for name, value in baselines["scores"].items())
+    scores = ", ".join(f"{name} {value:.4f}" for name, value in baselines["scores"].items())
+    window = baselines.get("window")
+    if not window:
+        return f"baselines: {scores}"
+    return (
+        f"baselines: {scores} on whole inputs (the model's window of {window['seq_len']} keeps "
+        f"{window['mean_kept']:.0%} of their tokens, {window['share_truncated']:.0%} of inputs truncated)"
+    )
 
 
 def summary(value: float | None, baselines: dict | None) -> dict:

@@ -18,7 +18,7 @@ contract, in the order the data flows through them; * marks the required ones (a
     input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model                   build_model*, output_layers
     objective               loss*, step_loss, loss_terms, metrics, split_metrics
-    judging a run           headline_metric, higher_is_better, baselines, baseline_advice
+    judging a run           headline_metric, higher_is_better, baselines, baseline_batch, baseline_advice
     serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
     sample data, tests      write_sample_data*, testing
     doctor                  nominal_manifest*, width_fix, doctor_rules
@@ -370,6 +370,13 @@ class Task(abc.ABC):
         and metrics.json keeps them; `make doctor` warns when a run did not beat the best. None by
         default: a task should declare at least the one a constant prediction scores."""
         return {}
+
+    def baseline_batch(self, serialized, manifest: dict) -> tuple:
+        """What `baselines` reads of a batch of serialized records: (features, targets) tensors. By
+        default `parse_batch`'s, the model's own inputs; a task whose records keep more than the model
+        reads (the whole of a text the model sees a window of) gives the baselines that instead, so
+        they are not held to the model's cut."""
+        return self.parse_batch(serialized, manifest)
 
     baseline_advice: str = ""
     """The task's own lever when a run does not beat its baselines, which `make doctor` adds to the

@@ -1,12 +1,31 @@
-"""The text classifier's model keys: the shared Transformer's, and how it pools the tokens."""
+"""The text classifier's keys: the shared data and Transformer keys, how a long text is cut to the
+window, and how the model pools the tokens."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..text.config import TextModelConfig
+from ..text.config import TextDataConfig, TextModelConfig
 
 POOLINGS = ("mean", "max", "mean_max")
+TRUNCATIONS = ("head", "head_tail")
+"""How a text longer than `data.seq_len` is cut: `head` keeps its first seq_len pieces; `head_tail`
+its first seq_len // 2 and its last seq_len - seq_len // 2 (where news, reports and reviews put their
+bylines, sign-offs and verdicts)."""
+
+
+@dataclass
+class ClassifierDataConfig(TextDataConfig):
+    truncation: str = "head"
+    """Which pieces of a text longer than `data.seq_len` the model reads: `head`, the first seq_len;
+    `head_tail`, the first half and the last half of the window (the byline, sign-off or verdict
+    that ends a document). Preprocessing cuts the records so and `make predict` cuts its inputs the
+    same way; the baselines read the whole text either way. `make doctor` shows how much it keeps."""
+
+    def problem(self) -> str | None:
+        if self.truncation not in TRUNCATIONS:
+            return f"data.truncation must be one of {', '.join(TRUNCATIONS)}, got {self.truncation!r}"
+        return super().problem()
 
 
 @dataclass

@@ -15,22 +15,29 @@ MAX_MEAN_PADDING = 0.5
 
 
 def sequence_fit(cfg, target, manifest):
-    """How much text `data.seq_len` cuts off, and how much of each batch is padding (compute spent
-    on nothing); both come from the lengths preprocessing measured."""
+    """How much text `data.seq_len` cuts off (the share of texts truncated, and the mean share of a
+    text's pieces the window keeps: the baselines read them all), and how much of each batch is
+    padding (compute spent on nothing); both come from the lengths preprocessing measured."""
     stats = (manifest or {}).get("length_stats")
     if not stats:
         return "skip", "no length statistics (run `make preprocess` first)", ""
     seq_len = manifest.get("seq_len", cfg.data.seq_len)
     truncated, padding, mean = stats["share_truncated"], stats["mean_padding"], stats["mean_tokens"]
+    kept = f", the window keeps {stats['mean_kept']:.0%} of a text's pieces" if "mean_kept" in stats else ""
     facts = (
-        f"seq_len {seq_len}: {truncated:.0%} of texts truncated, {padding:.0%} of positions padding, "
+        f"seq_len {seq_len}: {truncated:.0%} of texts truncated{kept}, {padding:.0%} of positions padding, "
         f"mean {mean:.0f} tokens"
     )
     if truncated > MAX_SHARE_TRUNCATED:
+        both_ends = manifest.get("truncation") == "head_tail"
+        other = "" if both_ends else ", or read the first and last pieces (data.truncation=head_tail)"
         return (
             "warn",
-            facts,
-            (f"raise data.seq_len (e.g. data.seq_len={round_up(seq_len + 1, MXU_TILE)}) and re-run `make preprocess`"),
+            f"{facts}: the baselines read whole texts, the model only its window",
+            (
+                f"raise data.seq_len (e.g. data.seq_len={round_up(seq_len + 1, MXU_TILE)}){other} and re-run "
+                f"`make preprocess`; model.bag_width=32 adds a bag of the window's pieces beside the Transformer"
+            ),
         )
     if padding > MAX_MEAN_PADDING:
         # Room for texts up to 1.5x the mean, on the tile grid of the target.

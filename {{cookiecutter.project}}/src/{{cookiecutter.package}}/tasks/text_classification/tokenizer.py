@@ -1,8 +1,11 @@
 """The text classifier's record format: a text's SentencePiece ids and its label -> tf.train.Example
 -> [B, seq_len].
 
-Each text is stored as its ids, truncated to `data.seq_len` but not padded: padding is added per
-batch by `parse_batch` (and by `pad_batch` for `make predict`), so shards stay small. The tokenizer
+Each text is stored as the ids of its window (`window`: at most `data.seq_len`, the first pieces or
+the first and the last), not padded: padding is added per batch by `parse_batch` (and by `pad_batch`
+for `make predict`), so shards stay small. Beside them the record keeps the bag of every piece of
+the whole text (`bag_ids`, sorted, and their `bag_counts`): the baselines read it (`parse_bag`), so
+they see the full text whatever the window cuts off; the model's `parse_batch` never reads it. The tokenizer
 itself (training, loading, its ids) is the text tasks' shared one in ../text/tokenizer.py,
 re-exported here for this task's modules.
 """
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .config import TRUNCATIONS
 from ..text.tokenizer import (
     MODEL_FILE,
     PAD_ID,
@@ -28,10 +32,12 @@ from ..text.tokenizer import (
 __all__ = [
     "MODEL_FILE",
     "PAD_ID",
+    "TRUNCATIONS",
     "UNK_ID",
     "feature_spec",
     "fit",
     "pad_batch",
+    "parse_bag",
     "parse_batch",
     "processor",
     "serialize",
@@ -39,38 +45,62 @@ __all__ = [
     "tokenize",
     "tokenize_or_reject",
     "vocab_size",
+    "window",
 ]
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 
-def feature_spec(seq_len: int) -> dict:
+def feature_spec(seq_len: int, truncation: str = "head") -> dict:
     """JSON-friendly description of an example; stored in the manifest and compared at start-up."""
     return {
         "version": SPEC_VERSION,
-        "ids": {"dtype": "int64", "max_len": seq_len, "encoding": "sentencepiece", "pad_id": PAD_ID},
+        "ids": {
+            "dtype": "int64",
+            "max_len": seq_len,
+            "encoding": "sentencepiece",
+            "pad_id": PAD_ID,
+            "truncation": truncation,
+        },
+        "bag": {"ids": "int64, sorted, every piece of the whole text", "counts": "int64"},
         "label": {"dtype": "int64", "shape": []},
     }
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int) -> np.ndarray:
-    """int32 [len(sequences), seq_len]: each truncated to seq_len and padded with PAD_ID, as
-    `parse_batch` pads the shards' records (predict's batch from its INPUT texts)."""
+def window(ids: Sequence[int], seq_len: int, truncation: str = "head") -> list[int]:
+    """The pieces of a text the model reads: all of them when they fit in seq_len, else the first
+    seq_len (`head`) or the first seq_len // 2 and the last seq_len - seq_len // 2 (`head_tail`)."""
+    ids = list(ids)
+    if len(ids) <= seq_len:
+        return ids
+    if truncation == "head_tail":
+        head = seq_len // 2
+        return ids[:head] + ids[len(ids) - (seq_len - head) :]
+    return ids[:seq_len]
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int, truncation: str = "head") -> np.ndarray:
+    """int32 [len(sequences), seq_len]: each text's `window`, padded with PAD_ID, as the shards'
+    records are cut and `parse_batch` pads them (predict's batch from its INPUT texts)."""
     batch = np.full((len(sequences), seq_len), PAD_ID, dtype=np.int32)
     for row, ids in enumerate(sequences):
-        kept = list(ids)[:seq_len]
+        kept = window(ids, seq_len, truncation)
         batch[row, : len(kept)] = kept
     return batch
 
 
-def serialize(ids: Sequence[int], label: int) -> bytes:
-    """One example: `ids` (at most seq_len, unpadded) and `label`."""
+def serialize(ids: Sequence[int], label: int, document: Sequence[int] | None = None) -> bytes:
+    """One example: `ids` (the window, at most seq_len, unpadded), `label`, and the bag of every
+    piece of `document`, the whole text (default: `ids`)."""
     from tensorflow.core.example import example_pb2, feature_pb2  # protos only: cheap on Beam workers
 
+    pieces, counts = np.unique(np.asarray(ids if document is None else document, np.int64), return_counts=True)
     features = feature_pb2.Features(
         feature={
             "ids": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(i) for i in ids])),
             "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(label)])),
+            "bag_ids": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=pieces.tolist())),
+            "bag_counts": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=counts.tolist())),
         }
     )
     # deterministic: map fields are otherwise written in an order that differs between processes.
@@ -94,3 +124,24 @@ def parse_batch(serialized, seq_len: int):
     # to_tensor with a shape pads short rows and truncates long ones to exactly seq_len.
     ids = parsed["ids"].to_tensor(default_value=PAD_ID, shape=[batch_size, seq_len])
     return tf.cast(ids, tf.int32), tf.cast(parsed["label"], tf.int32)
+
+
+def parse_bag(serialized, vocab_size: int):
+    """A batch of serialized examples -> (float32 counts [B, vocab_size] of every piece of each whole
+    text, padding left out; int32 labels [B]): what the baselines read."""
+    import tensorflow as tf
+
+    parsed = tf.io.parse_example(
+        serialized,
+        {
+            "bag_ids": tf.io.RaggedFeature(tf.int64),
+            "bag_counts": tf.io.RaggedFeature(tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    pieces, counts = parsed["bag_ids"], parsed["bag_counts"]
+    where = tf.stack([tf.cast(pieces.value_rowids(), tf.int64), pieces.values], axis=1)
+    rows = tf.shape(parsed["label"], out_type=tf.int64)[0]
+    bag = tf.scatter_nd(where, tf.cast(counts.values, tf.float32), tf.stack([rows, tf.constant(vocab_size, tf.int64)]))
+    not_padding = tf.one_hot(PAD_ID, vocab_size, on_value=0.0, off_value=1.0)
+    return bag * not_padding, tf.cast(parsed["label"], tf.int32)
