@@ -27,7 +27,7 @@ EXPECTED_FILES = {
     # The library the commands share.
     *(f"src/{{package}}/core/{name}.py" for name in (
         "__init__", "baselines", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_cursor", "input_pipeline",
-        "keras", "memory", "model", "native_logs", "optimizers", "precision", "preemption", "preprocessing", "profiler",
+        "keras", "levers", "memory", "model", "native_logs", "optimizers", "precision", "preemption", "preprocessing", "profiler",
         "recompute", "run_dir", "schedule", "steps_per_execution", "task", "topology", "trainer", "utilisation")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
@@ -36,7 +36,7 @@ EXPECTED_FILES = {
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
-        "test_input", "test_layout", "test_memory", "test_new_task", "test_parity", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
+        "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
         "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.

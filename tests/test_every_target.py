@@ -398,7 +398,8 @@ def check_predict(project: Path) -> None:
     """One line per input, in order, the input's name last; the same inputs again give the same
     lines. A classifier's line: a class of the run's export and its probability (printed to 3
     decimals: at least an even share, as the likeliest class's must be, and at most 1). The language
-    model's: the continuation (greedy by default, so repeatable), then the prompt's name."""
+    model's: the continuation (sampled with the export's fixed seed by default, so repeatable), then
+    the prompt's name."""
     inputs, names = predict_inputs(project)
     output = succeeds(run_listed(project, "predict", f"INPUT={' '.join(inputs * 2)}"))
     manifest = json.loads((project / "runs/local/export/assets.extra/manifest.json").read_text())

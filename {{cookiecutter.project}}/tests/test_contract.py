@@ -160,6 +160,53 @@ def test_evaluation_counts_every_eval_example_once(contract_run):
     assert metrics["eval_examples"] == manifest["splits"]["eval"]["num_examples"]
 
 
+def test_a_tasks_split_metrics_see_every_eval_example_once(task_name, sample, tmp_path, monkeypatch):
+    """Task.split_metrics on 8 replicas: evaluation calls each function once with the model's outputs
+    and the targets of every eval example exactly once (the padding left out) and reports its value
+    under its name beside the streaming metrics; a training step's metrics leave it out. The same
+    model on one device, over the same split, gives what the functions saw."""
+    from {{ cookiecutter.package }}.core import distribute
+    from {{ cookiecutter.package }}.core.model import build_model, compile_model, metric_names, step_metric_names
+
+    task = tasks.current()
+    _, data = sample
+    cfg = task_config(task_name, data, tmp_path)
+    manifest = input_pipeline.read_manifest(str(data), cfg.data)
+    seen = []
+
+    def examples(outputs, targets):
+        seen.append((outputs, targets))
+        return float(len(tf.nest.flatten(targets)[0]))
+
+    def mean_output(outputs, targets):
+        return float(np.mean(tf.nest.flatten(outputs)[0]))
+
+    wanted = {"split_examples": examples, "split_mean_output": mean_output}
+    monkeypatch.setattr(task, "split_metrics", lambda objective_config, manifest: wanted)
+    assert metric_names(cfg, manifest)[-2:] == list(wanted)
+    assert not set(wanted) & set(step_metric_names(cfg, manifest))
+    resolved = distribute.resolve(cfg.runtime)
+    with resolved.strategy.scope():
+        model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
+    metrics = evaluation.evaluate_model(model, resolved.strategy, cfg, manifest)
+
+    files, counts = input_pipeline.split_files(str(data), manifest, "eval")
+    outputs, targets = [], []
+    for features, batch_targets, weights in input_pipeline.make_dataset(files, counts, manifest, 16, training=False):
+        real = weights.numpy() > 0
+        outputs.append(tf.nest.flatten(model(features, training=False))[0].numpy()[real])
+        targets.append(tf.nest.flatten(batch_targets)[0].numpy()[real])
+    outputs, targets = np.concatenate(outputs), np.concatenate(targets)
+
+    def rows(array):
+        return sorted(row.tobytes() for row in array.reshape(len(array), -1))
+
+    [(seen_outputs, seen_targets)] = seen
+    assert metrics["split_examples"] == len(targets) == manifest["splits"]["eval"]["num_examples"]
+    assert rows(tf.nest.flatten(seen_targets)[0]) == rows(targets)  # each example once, in any order
+    assert metrics["split_mean_output"] == pytest.approx(float(np.mean(outputs)), rel=1e-4, abs=1e-6)
+
+
 def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys, tmp_path):
     """Reruns a copy of the shared run: the run itself stays as trained for every other reader."""
     task = tasks.current()

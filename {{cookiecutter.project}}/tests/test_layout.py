@@ -12,12 +12,21 @@ PACKAGE = PROJECT / "src" / tasks.__name__.split(".")[0]
 COMMANDS = sorted([path.stem for path in PACKAGE.glob("*.py") if path.stem != "__init__"] + ["doctor"])
 
 
-def imported_modules(path) -> set[str]:
-    """The package's own modules that a file imports, as dotted names relative to the package root."""
+def imported_modules(path, source: str | None = None) -> set[str]:
+    """The package's own modules that a file (or `source`, read as that file) imports, relatively
+    (`from ..core import x`) or absolutely (`import pkg.train`, `from pkg import train`), as dotted
+    names relative to the package root."""
     depth = len(path.relative_to(PACKAGE).parts) - 1  # 0 for a module at the root
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if isinstance(node, ast.Import):
+            found.update(own for alias in node.names if (own := _own(alias.name)))
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and _own(node.module) is not None:
+            module = _own(node.module)
+            if module:
+                found.add(module)
+            found.update(".".join(filter(None, [module, alias.name])) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
             if node.level - 1 > depth:  # above the package
                 continue
             base = list(path.relative_to(PACKAGE).parts[: depth - (node.level - 1)])
@@ -27,6 +36,30 @@ def imported_modules(path) -> set[str]:
             for alias in node.names:
                 found.add(".".join([*module, alias.name]))
     return found
+
+
+def _own(dotted: str) -> str | None:
+    """`dotted` relative to the package root when it names the package or a module of it ('' for
+    the package itself), else None."""
+    if dotted == PACKAGE.name:
+        return ""
+    return dotted[len(PACKAGE.name) + 1 :] if dotted.startswith(f"{PACKAGE.name}.") else None
+
+
+def test_relative_and_absolute_imports_are_both_read():
+    source = (
+        f"import json\nimport {PACKAGE.name}.train\nfrom {PACKAGE.name} import predict\n"
+        f"from {PACKAGE.name}.evaluate import main\nfrom .core import config\nfrom . import bench_input\n"
+    )
+    assert imported_modules(PACKAGE / "parity.py", source) == {
+        "train",
+        "predict",
+        "evaluate",
+        "evaluate.main",
+        "core",
+        "core.config",
+        "bench_input",
+    }
 
 
 def test_every_module_at_the_root_is_a_command():

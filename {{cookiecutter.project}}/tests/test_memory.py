@@ -109,6 +109,67 @@ def test_adafactor_keeps_factored_moments_and_updates_as_tf_keras_does():
     assert memory.optimizer_slot_elements("adamw", shapes) == 2 * sum(int(np.prod(s)) for s in shapes)
 
 
+class MaskMultiply(layers.Layer):
+    """Dropout written as many models write it: the input times its mask cast to the input's dtype."""
+
+    def call(self, x, training=None):
+        return x * tf.cast(tf.random.uniform(tf.shape(x)) >= 0.5, x.dtype) * 2.0
+
+
+def classifier(dropout=None, features: int = 24, hidden: int = 32, classes: int = 40):
+    """features -> hidden -> [dropout] -> float32 logits over `classes`: each tensor the backward pass
+    reads is known by hand."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((features,), name="features")
+    x = layers.Dense(hidden, name="hidden")(inputs)
+    x = dropout(x) if dropout else x
+    return keras.Model(inputs, layers.Dense(classes, dtype="float32", name="logits")(x))
+
+
+def cross_entropy(inputs, targets, outputs):
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(targets, outputs)
+
+
+def test_the_trace_keeps_the_float32_logits_of_the_tasks_loss_and_one_byte_per_dropout_mask():
+    batch, features, hidden, classes = 8, 24, 32, 40
+    targets = tf.TensorSpec([batch], tf.int32)
+    # Each matrix multiply reads its input for its weight's gradient, float32 here.
+    inputs_read = 4 * batch * (features + hidden)
+    assert memory.trace(classifier(), batch).activation_bytes == inputs_read
+    # A softmax cross-entropy keeps its float32 gradient of the logits, batch x classes, for the backward pass.
+    with_loss = memory.trace(classifier(), batch, cross_entropy, targets)
+    assert with_loss.activation_bytes == inputs_read + 4 * batch * classes
+    # Dropout keeps its mask for the backward pass: one byte an element (a predicate in XLA), whether
+    # it selects (Keras') or multiplies by the mask cast to float32 (a hand-written one).
+    for dropout in (recompute.Dropout(0.5, name="drop"), MaskMultiply(name="drop")):
+        dropped = memory.trace(classifier(dropout), batch, cross_entropy, targets)
+        assert dropped.activation_bytes == inputs_read + 4 * batch * classes + batch * hidden, dropout
+        assert dropped.weight_copy_bytes == 0  # a mask is no weight copy
+
+
+def test_a_model_built_from_shapes_holds_no_memory_and_plans_like_a_real_one():
+    """A 4 GiB layer (float32 32768 x 32768) before a raw TensorFlow op, the case where Keras would
+    run the initialisers, built and planned from shapes: the process does not grow by it."""
+    import resource
+
+    def build():
+        inputs = keras.Input((32768,), name="features")
+        wide = layers.Dense(32768, name="wide")(inputs)
+        # A raw op with a constant operand: Keras evaluates the constant in a session, which would
+        # initialise every variable built so far.
+        return keras.Model(inputs, tf.nn.relu(wide - tf.constant(0.5)))
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with memory.abstract():
+        model = build()
+        traced = memory.trace(model, 8)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 2**30, f"building from shapes grew the process by {grown / 2**30:.1f} GiB"
+    assert memory.shapes(model.weights) == [(32768, 32768), (32768,)]
+    assert traced.forward_flops == 2 * 8 * 32768 * 32768
+    assert traced.activation_bytes == 2 * 4 * 8 * 32768  # the input (for the weight's gradient), the relu's output
+
+
 def test_a_plan_adds_weights_gradients_slots_and_activations():
     traced = memory.Trace(batch=8, activation_bytes=8 * 2**20, recompute_bytes=0, weight_copy_bytes=0, forward_flops=0)
     shapes = [(1024, 256), (256,)]
@@ -124,6 +185,56 @@ def test_a_plan_adds_weights_gradients_slots_and_activations():
     assert adamw.optimizer_slots == 8 * params and adamw.accumulator == 4 * params
     assert adamw.total == sgd.total + 8 * params and adamw.fits()
     assert not dataclasses.replace(adamw, hbm=2**24).fits()
+    # Every part is in the total, once: the trainable weights frozen still hold their weights, not gradients.
+    frozen = memory.plan(
+        dataclasses.replace(traced, weight_copy_bytes=3 * 2**20, recompute_bytes=2**20),
+        shapes + [(512,)],
+        shapes,
+        per_replica_batch=8,
+        optimizer="sgd",
+        momentum=0.0,
+        accumulation_steps=1,
+        hbm=2**30,
+    )
+    assert frozen.weights == 4 * (params + 512) and frozen.gradients == 4 * params and frozen.optimizer_slots == 0
+    assert frozen.weight_copies == 3 * 2**20 and frozen.activations == 9 * 2**20
+    assert frozen.total == 4 * (params + 512) + 4 * params + 3 * 2**20 + 9 * 2**20
+    assert frozen.state == frozen.total - 9 * 2**20
+
+
+def test_a_plan_passes_warns_and_fails_at_its_boundaries():
+    """What a plan may use is the HBM less 15% for XLA's own buffers; up to 80% of that it passes,
+    up to all of it it warns (the estimate is not exact), beyond it fails."""
+    hbm = 100 * 2**30
+    usable = int(hbm * 0.85)
+
+    def with_total(total: int) -> memory.Plan:
+        return memory.Plan(
+            weights=0, gradients=0, accumulator=0, optimizer_slots=0, weight_copies=0, activations=total, hbm=hbm
+        )
+
+    assert with_total(0).usable == usable
+    assert with_total(int(0.8 * usable)).verdict() == "pass"
+    assert with_total(int(0.8 * usable) + 1).verdict() == "warn"
+    assert with_total(usable).verdict() == "warn"
+    assert with_total(usable + 1).verdict() == "fail"
+
+
+def test_a_v3_replica_is_one_tensorcore_planned_against_half_the_chip():
+    """v2 and v3 chips are two TensorCores, each its own replica with half the chip's HBM; the doctor
+    plans a replica against its TensorCore's share and reports the chip as two of them."""
+    from {{ cookiecutter.package }}.core import config, topology
+    from {{ cookiecutter.package }}.core.topology import Target
+    from {{ cookiecutter.package }}.doctor import memory as memory_rule
+    from {{ cookiecutter.package }}.doctor.engine import Context
+
+    assert topology.chip("v2-8").replica_hbm_bytes == 8 * 2**30
+    assert topology.chip("v3-8").replica_hbm_bytes == 16 * 2**30
+    assert topology.chip("v4-8").replica_hbm_bytes == 32 * 2**30
+    cfg = config.load(None, ["runtime.mixed_precision=bfloat16", "train.global_batch_size=64"])
+    verdict = memory_rule.verdict(Context(cfg, Target("tpu", 8, 1, tpu_type="v3-8", chips=4)))
+    assert "of 32.0 GiB HBM per v3 chip" in verdict.message
+    assert "of 16.0 GiB per TensorCore, x2" in verdict.message, verdict.message
 
 
 def test_out_of_memory_is_one_line_with_the_estimate_the_hbm_and_the_levers():

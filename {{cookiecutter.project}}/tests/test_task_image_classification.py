@@ -474,6 +474,41 @@ def test_the_built_model_uses_the_auto_stride(capsys):
     assert "stem stride 2 (auto for 64 px images)" in capsys.readouterr().out
 
 
+def conv_flops(side: int, kernel: int, channels_in: int, channels_out: int) -> int:
+    """2 x the multiply-adds of a convolution whose output is side x side."""
+    return 2 * side * side * kernel * kernel * channels_in * channels_out
+
+
+@pytest.mark.parametrize("which, stem_stride", [("local", 1), ("tpu", 2)])
+def test_the_trainers_flops_per_step_are_the_cnns_layers_counted_by_hand(which, stem_stride):
+    """What the log's TFLOP/s and MFU divide (utilisation.flops_per_step, which the trainer calls) is
+    exactly the CNN's convolutions and logits counted layer by layer, x 3 for the step's backward
+    pass, times the examples of an update (the global batch x 2 steps of accumulation). The stem's
+    stride is auto: 1 for the local config's 32 px, 2 for the TPU config's 64 px."""
+    from conftest import config_file
+    from {{ cookiecutter.package }}.core import topology, utilisation
+    from {{ cookiecutter.package }}.core.model import build_model
+
+    cfg = config.load(str(config_file(TASK.name, which)), ["train.gradient_accumulation_steps=2"])
+    manifest = TASK.nominal_manifest(cfg.data)
+    model = build_model(cfg, manifest)
+    side = -(-cfg.data.image_size // stem_stride)  # "same" padding rounds up
+    forward = conv_flops(side, max(3, stem_stride), 3, cfg.model.widths[0])
+    channels = cfg.model.widths[0]
+    for stage, width in enumerate(cfg.model.widths):
+        for block in range(cfg.model.blocks_per_stage):
+            stride = 2 if stage > 0 and block == 0 else 1
+            side = -(-side // stride)
+            forward += conv_flops(side, 3, channels, width) + conv_flops(side, 3, width, width)
+            if stride != 1 or channels != width:  # the shortcut's 1x1 projection
+                forward += conv_flops(side, 1, channels, width)
+            channels = width
+    forward += 2 * channels * manifest["num_classes"]  # the logits of the pooled features
+    by_hand = 3 * forward * cfg.train.global_batch_size * 2
+    counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
+    assert counted == pytest.approx(by_hand, rel=1e-9)
+
+
 def test_a_large_first_stage_warns_and_names_the_stride(data_dir, tmp_path):
     from {{ cookiecutter.package }}.tasks.image_classification import stem
     from {{ cookiecutter.package }}.core.topology import Target

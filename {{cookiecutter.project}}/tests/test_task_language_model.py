@@ -506,6 +506,74 @@ def test_the_traced_training_flops_match_the_analytical_count():
     assert traced == pytest.approx(analytical, rel=0.1)
 
 
+@pytest.mark.parametrize("which", ["local", "tpu"])
+def test_the_trainers_flops_per_step_are_the_decoders_multiplies_counted_by_hand(lm, which):
+    """What the log's TFLOP/s and MFU divide (utilisation.flops_per_step, which the trainer calls) is
+    exactly the decoder's matrix multiplies counted by hand, for each shipped config with 2 steps of
+    accumulation: per token, 6 x the weights that multiply it (per block the Q, K, V and output
+    projections 4 W^2 and the MLP 2 W M; the tied logits W x rows) plus attention's QK^T and AV,
+    12 x layers x window x width (the 6N + attention count of Kaplan et al. 2020); times the tokens
+    of an update, the global batch x 2 windows."""
+    from {{ cookiecutter.package }}.core import topology, utilisation
+    from {{ cookiecutter.package }}.core.model import build_model as build_task_model
+
+    cfg = config.load(str(config_file(NAME, which)), ["train.gradient_accumulation_steps=2"])
+    model = build_task_model(cfg, TASK.nominal_manifest(cfg.data))
+    width, depth, mlp, seq_len = cfg.model.width, cfg.model.depth, cfg.model.mlp_width, cfg.data.seq_len
+    rows = -(-cfg.data.vocab_size // 128) * 128  # the embedding table: the vocabulary rounded up to 128 rows
+    multiplying = depth * (4 * width * width + 2 * width * mlp) + width * rows
+    per_token = 6 * multiplying + 12 * depth * seq_len * width
+    by_hand = per_token * seq_len * cfg.train.global_batch_size * 2
+    counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
+    assert counted == pytest.approx(by_hand, rel=1e-9)
+
+
+def independent_activation_count(cfg, per_replica_batch: int) -> int:
+    """Bytes of activations one replica keeps, by Korthikanti et al. 2022 ("Reducing Activation
+    Recomputation in Large Transformer Models", arXiv 2205.05198: sbh(34 + 5as/h) per layer in
+    16-bit), adjusted to this decoder: an MLP of width f, dropout on the attention probabilities,
+    the attention output and the MLP hidden (1-byte masks), the [b, a, s, s] scores in bfloat16:
+
+        per layer = 17 sbh + 5 sbf + 5 as^2 b
+        outside   = 7 sbh + 4 sbV               (final norm, tied-logits input, the loss's float32 logits)
+        remat     = 2 sbh L + b s^2 + (one layer) + outside
+    """
+    s, b, h = cfg.data.seq_len, per_replica_batch, cfg.model.width
+    f, a, depth = cfg.model.mlp_width, cfg.model.heads, cfg.model.depth
+    rows = -(-cfg.data.vocab_size // 128) * 128
+    layer = 17 * s * b * h + 5 * s * b * f + 5 * a * s * s * b
+    outside = 7 * s * b * h + 4 * s * b * rows
+    if cfg.model.remat:
+        return 2 * s * b * h * depth + b * s * s + layer + outside
+    return depth * layer + outside
+
+
+@pytest.mark.parametrize("remat, band", [(False, (0.9, 1.6)), (True, (0.9, 1.8))])
+def test_the_planned_activations_hold_to_the_independent_count(remat, band):
+    """A GPT-2-small-sized decoder (12 x 768, 12 heads, 1024 tokens, 50,257 pieces) at 8 per replica:
+    the plan counts the host's unfused graph (LayerNorm's float32 copies, GELU's intermediates),
+    which XLA partly fuses away, so it may exceed the count, never fall below it by much."""
+    from {{ cookiecutter.package }}.core import memory
+
+    cfg = config.load(
+        str(config_file(TASK.name, "tpu")),
+        [
+            "model.width=768",
+            "model.depth=12",
+            "model.heads=12",
+            "model.mlp_width=3072",
+            "data.seq_len=1024",
+            "data.vocab_size=50257",
+            "train.global_batch_size=64",
+            "runtime.mixed_precision=bfloat16",
+            f"model.remat={str(remat).lower()}",
+        ],
+    )
+    plan = memory.estimate_for(cfg, TASK.nominal_manifest(cfg.data), 8, 0, task=TASK)
+    ratio = plan.activations / independent_activation_count(cfg, 8)
+    assert band[0] <= ratio <= band[1], f"planned / independent activations {ratio:.3f}, outside {band}"
+
+
 def test_doctor_plans_the_memory_of_a_tpu_chip_and_names_the_levers(capsys):
     """The shipped TPU model fits a 16 GB v5e chip; one twice as wide and 1.5x as deep does not,
     and recomputation makes it fit; 8192-token windows with 8 heads cannot fit with every lever
@@ -539,6 +607,10 @@ def test_doctor_plans_the_memory_of_a_tpu_chip_and_names_the_levers(capsys):
     assert longest.startswith("FAIL") and "it cannot fit one chip with data parallelism" in longest
     assert "train.gradient_accumulation_steps=" in longest and "model parallelism" in longest
     assert "8 examples per replica keep" in longest
+    # Close to the limit: a WARN that fits as configured names each lever's effect, no empty combination.
+    close = memory_line("train.global_batch_size=1200")
+    assert close.startswith("WARN") and "close to the limit" in close, close
+    assert "model.remat=true:" in close and "with :" not in close and not close.endswith(";")
 
 
 def _windows(sequence: list[int], seq_len: int = 6):

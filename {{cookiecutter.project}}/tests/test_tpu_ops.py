@@ -1,4 +1,6 @@
-"""The TPU VM and Pod slice operations of tpu.mk and scripts/, checked without a TPU or a network.
+"""The TPU VM and Pod slice operations of tpu.mk and scripts/, checked without a TPU or a network,
+and the figures the training log's TFLOP/s per chip and MFU rest on: each TPU generation's peak,
+the host's peak in the run's precision and the model FLOPs of a step.
 
 Every target runs with DRY_RUN=1, which prints the exact commands instead of running them; the
 tests read those commands. Run from the project root (where `make` works): pytest tests/
@@ -342,3 +344,92 @@ def test_scripts_pass_shellcheck():
     assert scripts
     result = subprocess.run([shellcheck, "-x", *scripts], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ the figures of TFLOP/s and MFU
+
+# Peak bfloat16 compute per chip, as cloud.google.com/tpu/docs/system-architecture-tpu-vm (v2, v3)
+# and /tpu/docs/v4, /v5e, /v5p, /v6e publish it, and the chips of each type's 8-core/8-chip slice.
+PUBLISHED_PEAK_TFLOPS = {"v2": 45, "v3": 123, "v4": 275, "v5litepod": 197, "v5p": 459, "v6e": 918}
+CHIPS_OF_8 = {"v2": 4, "v3": 4, "v4": 4, "v5litepod": 8, "v5p": 4, "v6e": 8}
+
+
+@pytest.mark.parametrize("generation", sorted(PUBLISHED_PEAK_TFLOPS))
+def test_every_generations_peak_is_the_published_figure(generation):
+    """A step of (peak x chips) FLOPs once a second is an MFU of 1 on every generation of the table."""
+    from {{ cookiecutter.package }}.core import topology, utilisation
+
+    assert set(topology.CHIPS) == set(PUBLISHED_PEAK_TFLOPS), "a generation without a pinned peak"
+    peak = PUBLISHED_PEAK_TFLOPS[generation] * 1e12
+    target = topology.topology(f"{generation}-8")
+    used = utilisation.Utilisation(peak * CHIPS_OF_8[generation], target, "bfloat16", "")
+    assert used.peak == peak and used.chips == CHIPS_OF_8[generation]
+    assert used.mfu(1.0) == pytest.approx(1.0) and used.tflops_per_chip(1.0) == pytest.approx(peak / 1e12)
+    assert f"{generation} bfloat16 peak" in used.describe()
+
+
+def test_a_cpu_run_reads_the_host_peak_of_its_own_precision(tmp_path):
+    """`make bench` stores the host's peak per precision; a run's MFU divides by its precision's."""
+    from {{ cookiecutter.package }}.core import utilisation
+    from {{ cookiecutter.package }}.core.topology import Target
+
+    cache, cpu = str(tmp_path / "cache"), Target("cpu", 8, 1)
+    utilisation.store_host_peak(cache, "float32", 1e12)
+    utilisation.store_host_peak(cache, "bfloat16", 3e12)
+    for precision, peak in (("float32", 1e12), ("bfloat16", 3e12)):
+        used = utilisation.Utilisation(6e12, cpu, precision, cache)
+        assert used.chips == 1 and used.peak == peak and used.mfu(1.0) == pytest.approx(6e12 / peak), precision
+        assert f"measured {precision} matrix-multiply peak" in used.describe()
+    unmeasured = utilisation.Utilisation(6e12, cpu, "bfloat16", str(tmp_path / "elsewhere"))
+    assert unmeasured.mfu(1.0) is None and "no measured bfloat16 peak" in unmeasured.describe()
+
+
+def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
+    """Two towers trained with an in-batch softmax (a step_loss whose [B, B] similarity is a matrix
+    multiply): the step's model FLOPs are the towers' alone, as utilisation.flops_per_step says."""
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }}.core import config, topology, utilisation
+    from {{ cookiecutter.package }}.core.keras import keras
+    from {{ cookiecutter.package }}.core.model import TaskModel
+
+    def in_batch(features, targets, outputs, weights):
+        logits = tf.matmul(outputs["query"], outputs["document"], transpose_b=True)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(tf.range(tf.shape(logits)[0]), logits))
+
+    inputs = {name: keras.Input((8,), name=name) for name in ("query", "document")}
+    outputs = {name: keras.layers.Dense(16, name=f"{name}_tower")(inputs[name]) for name in inputs}
+    model = TaskModel(inputs=inputs, outputs=outputs)
+    model.track_step_loss(in_batch, [])
+    cfg = config.load(None, ["train.global_batch_size=64"])
+    towers = 2 * (2 * 8 * 16)  # per example: two [8] x [8, 16] multiplies
+    counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
+    assert counted == 3 * towers * 64 * cfg.train.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize(
+    "which, overrides", [("local", ()), ("tpu", ()), ("local", ("model.pooling=mean_max", "model.bag_width=32"))]
+)
+def test_the_trainers_flops_per_step_are_the_text_classifiers_multiplies_counted_by_hand(which, overrides):
+    """What the log's TFLOP/s and MFU divide (utilisation.flops_per_step, which the trainer calls) for
+    the text classifier is exactly its matrix multiplies counted by hand, x 3 for the backward pass:
+    per token and block the Q, K, V and output projections (8 W^2), the MLP (4 W M) and attention's
+    QK^T and AV over the whole window (4 S W); per example the logits of the pooled vector (W for
+    mean pooling, 2 W for mean_max, plus the bag's width); over the global batch x 2 steps of
+    accumulation. The bag's embeddings are looked up, not multiplied."""
+    from conftest import config_file, selected
+    from {{ cookiecutter.package }}.core import config, topology, utilisation
+    from {{ cookiecutter.package }}.core.model import build_model
+
+    if not (ROOT / "src" / "{{ cookiecutter.package }}" / "tasks" / "text_classification").is_dir():
+        pytest.skip("the text classifier is not part of this project")
+    with selected("text_classification") as task:
+        cfg = config.load(str(config_file(task.name, which)), ["train.gradient_accumulation_steps=2", *overrides])
+        manifest = task.nominal_manifest(cfg.data)
+        model = build_model(cfg, manifest)
+        counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
+    width, seq_len, mlp = cfg.model.width, cfg.data.seq_len, cfg.model.mlp_width
+    per_token = cfg.model.depth * (8 * width * width + 4 * width * mlp + 4 * seq_len * width)
+    pooled = (2 if cfg.model.pooling == "mean_max" else 1) * width + cfg.model.bag_width
+    forward = seq_len * per_token + 2 * pooled * manifest["num_classes"]
+    assert counted == pytest.approx(3 * forward * cfg.train.global_batch_size * 2, rel=1e-9)

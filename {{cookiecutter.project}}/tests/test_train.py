@@ -78,6 +78,16 @@ def test_run_directory_is_complete(finished_run):
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-48")
 
 
+def test_a_cpu_run_records_no_device_memory(finished_run):
+    # On a GPU or TPU a run sets the devices' peak memory beside the plan (Trainer.measured_memory);
+    # TensorFlow keeps no such count for a CPU, and this machine has no GPU.
+    _, output, metrics = finished_run
+    assert trainer.device_peak_bytes("cpu") is None and trainer.device_peak_bytes("gpu") is None
+    written = json.loads((output / "metrics.json").read_text())
+    assert not {"peak_memory_bytes", "planned_memory_bytes"} & (set(metrics) | set(written))
+    assert trainer.describe_memory(metrics) == ""
+
+
 def test_learning_rate_is_logged_every_step(finished_run):
     cfg, output, _ = finished_run
     events = scalar_events(output / "logs" / "train")

@@ -41,7 +41,7 @@ def child(cfg, batch: int, steps: int) -> dict:
     except Exception:  # noqa: BLE001 - no data yet: the model's nominal shapes do
         manifest = task.nominal_manifest(cfg.data)
     model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
-    plan = memory.estimate(model, cfg, batch, hbm=0)
+    plan = memory.Planner(cfg, manifest, task).plan(batch, 0, precision_name=chosen)
     data = tf.data.Dataset.from_tensors(task.synthetic_batch(batch, manifest)).repeat()
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

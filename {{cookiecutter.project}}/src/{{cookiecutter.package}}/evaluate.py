@@ -9,6 +9,7 @@ same evaluation at the end of training.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Sequence
 
@@ -21,6 +22,7 @@ from .core.errors import UserError, run_cli
 from .core.evaluation import describe, evaluate_model
 from .core.model import build_model, compile_model, metric_names
 from .core.run_dir import RunRecord, latest_checkpoint, run_path
+from .core.trainer import out_of_memory_reported
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,15 +37,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run `make train` first or set runtime.output_dir to a run directory"
         )
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    print(f"precision {precision.apply(cfg.runtime.mixed_precision, resolved.kind).describe()}", flush=True)
-    with resolved.strategy.scope():
-        model = build_model(cfg, manifest)
-        compile_model(model, cfg, manifest, 1)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        checkpoint.restore(latest).expect_partial()
-    step = int(model.optimizer.iterations.numpy())
-    print(f"evaluating {latest} (step {step})", flush=True)
-    metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
+    chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
+    # The precision that runs, in a new config (the levers of an out-of-memory line depend on it).
+    cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mixed_precision=chosen.precision))
+    print(f"precision {chosen.describe()}", flush=True)
+    with out_of_memory_reported(cfg, manifest, resolved):
+        with resolved.strategy.scope():
+            model = build_model(cfg, manifest)
+            compile_model(model, cfg, manifest, 1)
+            checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+            checkpoint.restore(latest).expect_partial()
+        step = int(model.optimizer.iterations.numpy())
+        print(f"evaluating {latest} (step {step})", flush=True)
+        metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
     record = RunRecord(cfg.runtime.output_dir)
     record.update(
         **metrics,

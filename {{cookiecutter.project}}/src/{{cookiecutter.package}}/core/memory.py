@@ -1,9 +1,12 @@
 """What a training step holds in a chip's memory, and what it computes, read from the traced step.
 
-`trace(model, batch)` traces one training step (forward pass, loss, gradients) of any Keras model
-into a graph without running it, and reads from that graph:
-- the activations kept for the backward pass: every tensor computed from the input that an op of
-  the backward pass reads, in the dtype it has (bfloat16 under mixed precision), counted once;
+`trace(model, batch, objective)` traces one training step (forward pass, the task's loss,
+gradients) of any Keras model into a graph without running it, and reads from that graph:
+- the activations kept for the backward pass: every tensor computed from the input (or the
+  targets) that an op of the backward pass reads, in the dtype it has (bfloat16 under mixed
+  precision), counted once. The loss is the task's own (its `loss`, or its `step_loss`), so the
+  float32 logits that a softmax cross-entropy keeps are counted; a dropout mask is counted at one
+  byte per element (XLA keeps it as a predicate), whatever dtype the unfused graph casts it to;
   with recomputation (`model.remat`) these are the blocks' inputs, plus the largest block's
   recomputed activations, which live during that block's backward pass;
 - the weight copies the backward pass reads (the bfloat16 casts of float32 variables);
@@ -11,20 +14,34 @@ into a graph without running it, and reads from that graph:
   forward pass, times 3 for a training step (the backward pass multiplies twice: once for the
   input's gradient, once for the weight's). Recomputation adds hardware FLOPs, not model FLOPs.
 
-`estimate(...)` adds the float32 weights, their gradients, the accumulator of gradient
-accumulation and the optimizer's slots (by optimizer: SGD's momentum, AdamW's two moments,
-Adafactor's factored second moment), and compares the total with a chip's HBM less a share for
-XLA's own buffers. It is an estimate: XLA fuses elementwise ops (keeping less) and allocates
-temporaries (more); `make bench-memory` measures it against the process's memory on this
-machine, and the README gives the factor seen.
+The graph is the host's unfused one: every elementwise intermediate that the backward pass reads
+is counted (a LayerNorm's float32 copies, GELU's intermediates), where XLA on a TPU fuses some of
+them away. The plan counts them (it errs on the side of "does not fit"); the README compares it
+with the independent count of Korthikanti et al. (2022) for the decoder.
+
+`abstract_model(build)` builds a model whose variables are never allocated (a graph of its own,
+Keras' variable initialisation off), so that any size plans in seconds from shapes alone;
+`estimate_for(cfg, task, manifest, ...)` builds, traces and plans that way.
+
+`plan(...)` adds the float32 weights, their gradients, the accumulator of gradient accumulation
+and the optimizer's slots (by optimizer: SGD's momentum, AdamW's two moments, Adafactor's factored
+second moment), and compares the total with a chip's HBM less a share for XLA's own buffers. It
+is an estimate: XLA fuses elementwise ops (keeping less) and allocates temporaries (more); `make
+bench-memory` measures it against the process's memory on this machine, and the README gives the
+factor seen.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+from . import precision as precision_lib
+from .keras import keras
 
 GIB = 2**30
 # Share of a chip's HBM kept for XLA's own buffers (the program, infeed, temporaries of fusions);
@@ -69,6 +86,46 @@ def _input_signature(model, batch: int):
         return tf.TensorSpec([batch, *tensor.shape[1:]], tensor.dtype, name=tensor.name.split(":")[0])
 
     return tf.nest.map_structure(spec, model.input)
+
+
+def _specs(structure):
+    """TensorSpecs of a structure of tensors (the targets of a synthetic batch)."""
+    return tf.nest.map_structure(lambda tensor: tf.TensorSpec(tensor.shape, tensor.dtype), structure)
+
+
+@contextlib.contextmanager
+def abstract(graph: tf.Graph | None = None):
+    """Keras models built inside hold no memory: their variables are ops of a graph of their own
+    (`graph`, or a new one), never initialised (Keras would otherwise run their initialisers when a
+    functional model meets a raw TensorFlow op). Tracing and counting work on them as on real ones;
+    running them does not. Yields the graph: enter it again to trace what was built in it."""
+    graph = graph or tf.Graph()
+    keras.backend.manual_variable_initialization(True)
+    try:
+        with graph.as_default():
+            yield graph
+    finally:
+        keras.backend.manual_variable_initialization(False)
+
+
+def sum_of_outputs(inputs, targets, outputs):
+    """The objective of a model traced without its task: every output summed (counts no loss)."""
+    return tf.add_n([tf.reduce_sum(tf.cast(each, tf.float32)) for each in tf.nest.flatten(outputs)])
+
+
+def task_objective(task, objective_config, manifest: dict):
+    """`(inputs, targets, outputs) -> scalar`: the task's training loss, as the step computes it
+    (its `step_loss` when it has one, else the mean of its `loss`)."""
+    step_loss = task.step_loss(objective_config, manifest)
+    if step_loss is not None:
+
+        def objective(inputs, targets, outputs):
+            values = step_loss(inputs, targets, outputs, None)
+            return tf.cast(values["loss"] if isinstance(values, dict) else values, tf.float32)
+
+        return objective
+    loss = task.loss(objective_config, manifest)
+    return lambda inputs, targets, outputs: tf.cast(loss(targets, outputs), tf.float32)
 
 
 def _bytes(tensor) -> int:
@@ -138,24 +195,30 @@ def forward_flops(model, batch: int) -> int:
     return _reach(graph, graph.get_operations())[1]
 
 
-def trace(model, batch: int) -> Trace:
-    """One training step of `model` on `batch` examples, traced (not run) and counted."""
+def trace(model, batch: int, objective=sum_of_outputs, targets=None) -> Trace:
+    """One training step of `model` on `batch` examples, traced (not run) and counted: the
+    gradients of `objective(inputs, targets, outputs)` (the task's loss, `task_objective`), with
+    `targets` a structure of TensorSpecs of the batch's targets (None: no targets)."""
     marks = {}
 
-    def step(inputs):
+    def step(inputs, targets):
         with tf.GradientTape() as tape:
             outputs = model(inputs, training=True)
-            loss = tf.add_n([tf.reduce_sum(tf.cast(each, tf.float32)) for each in tf.nest.flatten(outputs)])
+            loss = objective(inputs, targets, outputs)
         marks["backward"] = len(tf.compat.v1.get_default_graph().get_operations())
         return tape.gradient(loss, model.trainable_variables)
 
-    graph = tf.function(step).get_concrete_function(_input_signature(model, batch)).graph
+    graph = tf.function(step).get_concrete_function(_input_signature(model, batch), targets).graph
     operations = graph.get_operations()
     forward, backward = operations[: marks["backward"]], operations[marks["backward"] :]
     reached, flops = _reach(graph, forward)
     kept: dict[int, int] = {}
     copies: dict[int, int] = {}
     forward_ids = {id(op) for op in forward}
+    # Only the backward ops the gradients need: the unfused graph also computes gradients nobody
+    # reads (a dropout mask's), which XLA removes.
+    needed = _ancestors(graph.outputs)
+    backward = [op for op in backward if id(op) in needed]
     # A recomputed block's forward pass runs again in the backward pass (core/recompute.py, under a
     # `recompute_<block>` name scope); what its gradient reads of it lives until that block is done.
     recomputed: dict[str, dict[int, int]] = {}
@@ -165,16 +228,15 @@ def trace(model, batch: int) -> Trace:
             producer = re.match(r"(recompute_[^/]*)/", tensor.op.name)
             if producer and (not own or own.group(1) != producer.group(1)):
                 root = _root(tensor)
-                if root.op.type not in ("ReadVariableOp", "Const") and not (
-                    root.op.type == "Cast" and root.op.inputs[0].op.type == "ReadVariableOp"
-                ):
-                    recomputed.setdefault(producer.group(1), {})[id(root)] = _bytes(root)
+                if not _is_weight(root):
+                    recomputed.setdefault(producer.group(1), {})[id(root)] = _kept_bytes(root)
             if id(tensor.op) not in forward_ids:
                 continue
             root = _root(tensor)
-            if id(tensor) in reached or id(root) in reached:
-                kept[id(root)] = _bytes(root)
-            elif root.op.type == "Cast":  # a compute-precision copy of a weight
+            if id(tensor) in reached or id(root) in reached or _is_mask(root):
+                kept[id(root)] = _kept_bytes(root)
+            elif root.op.type == "Cast" and _root(root.op.inputs[0]).op.type == "ReadVariableOp":
+                # a compute-precision copy of a weight
                 copies[id(root)] = _bytes(root)
     return Trace(
         batch=batch,
@@ -183,6 +245,44 @@ def trace(model, batch: int) -> Trace:
         weight_copy_bytes=sum(copies.values()),
         forward_flops=flops,
     )
+
+
+def _ancestors(tensors) -> set[int]:
+    """The ops that compute `tensors`, transitively."""
+    seen: set[int] = set()
+    stack = [tensor.op for tensor in tensors]
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        stack.extend(tensor.op for tensor in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def _is_weight(tensor) -> bool:
+    """A variable's value, a constant, or a cast of a variable's value."""
+    if tensor.op.type == "Cast" and tensor.op.inputs:
+        tensor = _root(tensor.op.inputs[0])
+    return tensor.op.type in ("ReadVariableOp", "Const")
+
+
+def _is_mask(tensor) -> bool:
+    """A dropout mask: booleans, or booleans cast to the compute dtype for a multiply."""
+    if tensor.op.type == "Cast" and tensor.op.inputs:
+        tensor = _root(tensor.op.inputs[0])
+    return tensor.dtype == tf.bool and tensor.op.type != "Const"
+
+
+def _kept_bytes(tensor) -> int:
+    """What XLA keeps of a tensor the backward pass reads: a mask as one byte per element (a
+    predicate), anything else in its own dtype; a scalar (a loss's divisor) as nothing."""
+    if tensor.shape.rank == 0:
+        return 0
+    if _is_mask(tensor) and tensor.shape.is_fully_defined():
+        return tensor.shape.num_elements()
+    return _bytes(tensor)
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -241,6 +341,12 @@ class Plan:
     def fits(self) -> bool:
         return self.total <= self.usable
 
+    def verdict(self) -> str:
+        """'pass' within WARN_SHARE of what it may use, 'warn' up to all of it, 'fail' beyond."""
+        if self.total <= WARN_SHARE * self.usable:
+            return "pass"
+        return "warn" if self.fits() else "fail"
+
     def breakdown(self) -> str:
         parts = (
             ("weights", self.weights),
@@ -292,17 +398,84 @@ def plan(
     )
 
 
-def estimate(model, cfg, per_replica_batch: int, hbm: int) -> Plan:
-    """The plan of `model` (built under the run's precision) training `per_replica_batch` examples
-    per replica and step with `cfg`'s optimizer and accumulation."""
-    train = cfg.train
-    return plan(
-        trace(model, per_replica_batch),
-        [tuple(int(dim) for dim in weight.shape) for weight in model.weights],
-        [tuple(int(dim) for dim in weight.shape) for weight in model.trainable_weights],
-        per_replica_batch=per_replica_batch,
-        optimizer=train.optimizer,
-        momentum=train.momentum,
-        accumulation_steps=train.gradient_accumulation_steps,
-        hbm=hbm,
-    )
+def shapes(variables) -> list[tuple[int, ...]]:
+    return [tuple(int(dim) for dim in variable.shape) for variable in variables]
+
+
+class Planner:
+    """Plans of one config's model, built from shapes (`abstract`) once per precision and remat
+    setting and traced once each with the task's loss: activations scale with the batch, so one
+    trace serves every batch size and every lever that keeps the model."""
+
+    def __init__(self, cfg, manifest: dict, task=None):
+        if task is None:
+            from .. import tasks
+
+            task = tasks.current()
+        self.cfg, self.manifest, self.task = cfg, manifest, task
+        self.models: dict = {}
+        self.traces: dict = {}
+
+    def model(self, remat=None, precision_name: str = "bfloat16"):
+        """The config's model as training builds it (core/model.py; `remat` None: as configured),
+        built without memory, and its graph."""
+        from . import model as model_lib
+
+        key = (remat, precision_name)
+        if key not in self.models:
+            cfg = self.cfg
+            if remat is not None:
+                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
+            policy = "mixed_bfloat16" if precision_name == "bfloat16" else "float32"
+            with abstract() as graph, precision_lib.policy(policy):
+                self.models[key] = (model_lib.build_model(cfg, self.manifest), graph)
+        return self.models[key]
+
+    def traced(self, remat, precision_name: str, batch: int) -> tuple[Trace, list, list]:
+        """(the trace, the weights' shapes, the trainable weights' shapes) of the model."""
+        key = (remat, precision_name)
+        if key not in self.traces:
+            model, graph = self.model(remat, precision_name)
+            policy = "mixed_bfloat16" if precision_name == "bfloat16" else "float32"
+            with abstract(graph), precision_lib.policy(policy):
+                _, targets = self.task.synthetic_batch(batch, self.manifest)
+                objective = task_objective(self.task, self.cfg.objective, self.manifest)
+                self.traces[key] = (
+                    trace(model, batch, objective, _specs(targets)),
+                    shapes(model.weights),
+                    shapes(model.trainable_weights),
+                )
+        return self.traces[key]
+
+    def plan(
+        self,
+        per_replica_batch: int,
+        hbm: int,
+        *,
+        precision_name: str,
+        remat=None,
+        optimizer: str | None = None,
+        accumulation: int = 1,
+    ) -> Plan:
+        """One replica training `per_replica_batch` examples per micro-batch; `accumulation` and
+        `optimizer` on top of the config's (the levers)."""
+        train = self.cfg.train
+        traced, weights, trainable = self.traced(remat, precision_name, per_replica_batch)
+        return plan(
+            traced,
+            weights,
+            trainable,
+            per_replica_batch=per_replica_batch,
+            optimizer=optimizer or train.optimizer,
+            momentum=train.momentum,
+            accumulation_steps=accumulation * train.gradient_accumulation_steps,
+            hbm=hbm,
+        )
+
+
+def estimate_for(cfg, manifest: dict, per_replica_batch: int, hbm: int, task=None) -> Plan:
+    """The plan of the config's model training `per_replica_batch` examples per replica and step
+    (a micro-batch under accumulation) in the config's precision (`auto` counts as bfloat16, the
+    TPU's), built from shapes: any size plans in seconds, nothing allocated."""
+    precision_name = "float32" if cfg.runtime.mixed_precision == "float32" else "bfloat16"
+    return Planner(cfg, manifest, task).plan(per_replica_batch, hbm, precision_name=precision_name)

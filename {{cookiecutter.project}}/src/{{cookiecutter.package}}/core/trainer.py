@@ -9,12 +9,14 @@ without saving. What happens between executions is in callbacks.py, one callback
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
 import tensorflow as tf
 
-from . import baselines, callbacks, distribute, goodput, input_cursor, input_pipeline, memory, precision, profiler
+from . import baselines, callbacks, distribute, goodput, input_cursor, input_pipeline, levers, memory, precision
+from . import profiler
 from . import schedule
 from . import utilisation as utilisation_lib
 from .. import tasks
@@ -53,12 +55,15 @@ class Trainer:
 
     def run(self) -> dict:
         self.resolve()
-        self.build_and_restore()
-        self.settle_steps_per_execution()
-        self.fit()
-        if self.preemption.reason:
-            self.stop_preempted()
-        return self.finish()
+        # Out of device memory anywhere after this (the variables, calibration, a step, an evaluation,
+        # the export): the one line with the estimate and the levers.
+        with out_of_memory_reported(self.cfg, self.manifest, self.target):
+            self.build_and_restore()
+            self.settle_steps_per_execution()
+            self.fit()
+            if self.preemption.reason:
+                self.stop_preempted()
+            return self.finish()
 
     # ------------------------------------------------------------------------------------ steps
 
@@ -166,8 +171,6 @@ class Trainer:
                     self.model.fit(
                         self.dataset, epochs=1, steps_per_epoch=self.remaining, callbacks=callback_list, verbose=0
                     )
-        except tf.errors.ResourceExhaustedError as error:
-            raise UserError(out_of_memory(cfg, self.manifest, self.target, error)) from None
         finally:
             self.profile_window.stop()
             self.writer.flush()
@@ -217,9 +220,7 @@ class Trainer:
     def utilisation(self) -> utilisation_lib.Utilisation:
         """The step's model FLOPs (traced from the model, core/memory.py) against the chip's peak."""
         cfg = self.cfg
-        per_replica = self.target.per_replica_batch_size(cfg.train.global_batch_size)
-        flops_per_example = 3 * memory.forward_flops(self.model, per_replica) / per_replica
-        self.flops_per_step = flops_per_example * cfg.effective_batch_size
+        self.flops_per_step = utilisation_lib.flops_per_step(self.model, cfg, self.target)
         return utilisation_lib.Utilisation(
             self.flops_per_step, self.target, cfg.runtime.mixed_precision, cfg.runtime.cache_dir
         )
@@ -248,6 +249,22 @@ class Trainer:
         print(goodput.describe(summary, self.cfg.train.steps_per_execution), flush=True)
         raise Preempted(self.preemption.reason, self.step)
 
+    def measured_memory(self) -> dict:
+        """On a GPU or TPU, the devices' peak memory (`peak_memory_bytes`) beside the plan's estimate
+        per replica (`planned_memory_bytes`, core/memory.py), so that the first real run checks the
+        plan; nothing on a CPU."""
+        peak = device_peak_bytes(self.target.kind)
+        if peak is None:
+            return {}
+        cfg, measured = self.cfg, {"peak_memory_bytes": peak}
+        per_replica = self.target.per_replica_batch_size(cfg.train.global_batch_size)
+        try:
+            plan = memory.estimate_for(cfg, self.manifest, per_replica, replica_hbm_bytes(self.target))
+            measured["planned_memory_bytes"] = int(plan.total)
+        except Exception as failure:  # noqa: BLE001 - the plan is a check; the run's results are the news
+            print(f"note: no memory plan to set the peak against ({type(failure).__name__}: {failure})", flush=True)
+        return measured
+
     def finish(self) -> dict:
         """The last checkpoint, the final evaluation, the export, the run record and the report."""
         cfg, step, output_dir = self.cfg, self.step, self.cfg.runtime.output_dir
@@ -271,6 +288,8 @@ class Trainer:
         metrics.update(baselines.summary(metrics[tasks.current().headline_metric], self.manifest.get("baselines")))
         if self.checkpoints.save_seconds:
             metrics["checkpoint_save_seconds"] = round(max(self.checkpoints.save_seconds), 3)
+        if self.remaining > 0:  # a start that only evaluates measures no training step
+            metrics.update(self.measured_memory())
         if cfg.train.eval_every:
             self.evaluation.record(step, metrics)
             metrics.update(self.evaluation.summary())
@@ -292,7 +311,7 @@ class Trainer:
         described = describe(metrics, self.metric_names, self.manifest.get("baselines"))
         print(
             f"eval {described} at step {step}{best}; training {metrics['examples_per_second']:.1f} "
-            f"examples/s; metrics -> {self.record.path}; SavedModel -> {export_dir}",
+            f"examples/s{describe_memory(metrics)}; metrics -> {self.record.path}; SavedModel -> {export_dir}",
             flush=True,
         )
         print(f"timings: {timings}", flush=True)
@@ -305,29 +324,62 @@ class Trainer:
 
 def out_of_memory(cfg: config_lib.Config, manifest: dict, target: Target, error: Exception) -> str:
     """One line for a step that ran out of device memory: the estimate of what it needs (the model
-    rebuilt on the CPU and traced, core/memory.py), the device's memory and the levers."""
+    planned from its shapes, core/memory.py), the device's memory and the levers."""
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
     per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
-    hbm = topology_lib.chip(target.tpu_type).replica_hbm_bytes if target.kind == "tpu" and target.tpu_type else 0
+    hbm = replica_hbm_bytes(target)
     try:
-        policy = "mixed_bfloat16" if cfg.runtime.mixed_precision == "bfloat16" else "float32"
-        with tf.device("/cpu:0"), precision.policy(policy):
-            model = tasks.current().build_model(cfg.model, manifest)
-        plan = memory.estimate(model, cfg, per_replica, hbm)
+        plan = memory.estimate_for(cfg, manifest, per_replica, hbm)
         estimate = f"the step needs about {memory.gib(plan.total)} per replica ({plan.breakdown()})"
         if hbm:
             estimate += f" of {memory.gib(hbm)} HBM"
     except Exception as failure:  # noqa: BLE001 - the estimate is a help; the error is the news
         estimate = f"no estimate ({type(failure).__name__})"
-    levers = [
-        *(["model.remat=true"] if getattr(cfg.model, "remat", True) is False else []),
-        *(["train.optimizer=adafactor"] if cfg.train.optimizer != "adafactor" else []),
-        "a smaller train.global_batch_size with a larger train.gradient_accumulation_steps (the same effective batch)",
-    ]
     return (
         f"out of device memory at {per_replica} examples per replica ({first}); {estimate}; "
-        f"`make doctor` shows the plan and what each lever saves: {', '.join(levers)}"
+        f"`make doctor` shows the plan and what each lever saves: {levers.describe(cfg, cfg.runtime.mixed_precision)}"
     )
+
+
+def replica_hbm_bytes(target: Target) -> int:
+    """One replica's share of a TPU chip's HBM (a TensorCore's on v2/v3); 0 off a known TPU."""
+    return topology_lib.chip(target.tpu_type).replica_hbm_bytes if target.kind == "tpu" and target.tpu_type else 0
+
+
+def device_peak_bytes(kind: str) -> int | None:
+    """The highest peak memory of this host's devices of `kind` since the process started
+    (`tf.config.experimental.get_memory_info`), or None on a CPU, whose memory TensorFlow does not
+    count this way, and where no device answers."""
+    if kind not in ("gpu", "tpu"):
+        return None
+    peaks = []
+    for device in tf.config.list_logical_devices(kind.upper()):
+        try:
+            peaks.append(int(tf.config.experimental.get_memory_info(device.name)["peak"]))
+        except (ValueError, tf.errors.OpError):  # a device whose allocator keeps no statistics
+            continue
+    return max(peaks) if peaks else None
+
+
+def describe_memory(metrics: dict) -> str:
+    """The measured peak beside the plan, for the final line ('' where nothing was measured): e.g.
+    '; device memory peak 12.6 GiB per replica against a plan of 11.0 GiB (1.15x)'."""
+    peak, planned = metrics.get("peak_memory_bytes"), metrics.get("planned_memory_bytes")
+    if peak is None:
+        return ""
+    against = f" against a plan of {memory.gib(planned)} ({peak / planned:.2f}x)" if planned else " (no plan)"
+    return f"; device memory peak {memory.gib(peak)} per replica{against}"
+
+
+@contextlib.contextmanager
+def out_of_memory_reported(cfg: config_lib.Config, manifest: dict, target: Target):
+    """Running out of device memory inside the block raises a UserError with `out_of_memory`'s one
+    line instead of TensorFlow's traceback. `cfg.runtime.mixed_precision` is the precision that runs
+    (the levers depend on it)."""
+    try:
+        yield
+    except tf.errors.ResourceExhaustedError as error:
+        raise UserError(out_of_memory(cfg, manifest, target, error)) from None
 
 
 def describe_start(cfg: config_lib.Config, target: Target, manifest: dict, per_replica: int, precision: str) -> str:

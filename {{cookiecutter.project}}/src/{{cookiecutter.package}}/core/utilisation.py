@@ -17,7 +17,7 @@ import time
 
 import tensorflow as tf
 
-from . import topology
+from . import memory, topology
 from .steps_per_execution import cache_dir
 from .topology import Target
 
@@ -77,6 +77,18 @@ def _read(path: str) -> dict:
         return value if isinstance(value, dict) else {}
     except (tf.errors.NotFoundError, ValueError):
         return {}
+
+
+def flops_per_step(model, cfg, target: Target) -> float:
+    """Model FLOPs of one optimizer step, what the log's TFLOP/s and MFU divide: 3 x the matrix
+    multiplies of the forward pass per example (core/memory.py), times the examples of an update
+    (the global batch times `train.gradient_accumulation_steps`).
+
+    Counted from the model's inference call: the multiplies of a task's `step_loss` (e.g. a dual
+    encoder's in-batch similarity) and of its loss are not counted, nor is the forward pass that
+    `model.remat` computes again (hardware FLOPs, not model FLOPs)."""
+    per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
+    return 3 * memory.forward_flops(model, per_replica) / per_replica * cfg.effective_batch_size
 
 
 def chips(target: Target) -> int:

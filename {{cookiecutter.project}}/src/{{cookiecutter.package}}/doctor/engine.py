@@ -272,17 +272,26 @@ class Context:
     def manifest(self) -> dict | None:
         return self.manifest_or_error[0]
 
+    @property
+    def precision(self) -> str:
+        """The precision the run would train in on the target ('bfloat16' or 'float32')."""
+        from ..core import precision
+
+        return precision.choose(self.cfg.runtime.mixed_precision, self.target.kind).precision
+
+    @functools.cached_property
+    def planner(self):
+        """The memory planner of the config's model (core/memory.py): built from shapes, so a model of
+        any size costs this host no memory."""
+        from ..core import memory
+
+        return memory.Planner(self.cfg, self.manifest or tasks.current().nominal_manifest(self.cfg.data))
+
     @functools.cached_property
     def model_or_error(self) -> tuple[list[LayerInfo] | None, str, str | None]:
         """(the model's layers, a one-line description, the error when it does not build)."""
-        import tensorflow as tf
-
-        from ..core.model import build_model
-
-        manifest = self.manifest or tasks.current().nominal_manifest(self.cfg.data)
         try:
-            with tf.device("/cpu:0"):
-                model = build_model(self.cfg, manifest)
+            model, _ = self.planner.model(precision_name=self.precision)
         except Exception as error:  # noqa: BLE001 - a user's model may fail in any way; report it
             first_line = (str(error).strip().splitlines() or [""])[0]
             return None, "", f"{type(error).__name__}: {first_line}"
