@@ -449,6 +449,22 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
     assert expected > 0
 
 
+def test_make_eval_evaluates_the_checkpoint_before_a_truncated_latest_one(finished_run, tmp_path, capsys):
+    """`make eval` restores as `make train` does: the newest save cut short, it evaluates the one
+    before and says so in one line."""
+    from {{ cookiecutter.package }} import evaluate
+
+    cfg, output, _ = finished_run
+    run = tmp_path / "run"
+    copy_with_a_truncated_latest_checkpoint(output, run)
+    capsys.readouterr()
+    assert evaluate.main(["--config", str(run / "config.yaml"), f"runtime.output_dir={run}"]) == 0
+    printed = capsys.readouterr().out
+    assert "ckpt-48 cannot be read" in printed and "trying the one before" in printed
+    assert f"evaluating {run / 'checkpoints' / 'ckpt-40'} (step 40)" in printed
+    assert json.loads((run / "metrics.json").read_text())["global_step"] == 40
+
+
 @pytest.mark.slow
 def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_run, tmp_path, capsys, monkeypatch):
     _, output, _ = finished_run

@@ -2,7 +2,8 @@
 
     python -m {{ cookiecutter.package }}.evaluate --config configs/local.yaml [dotted.key=value ...]
 
-Restores the latest checkpoint of `runtime.output_dir`, evaluates the eval split and writes
+Restores the newest readable checkpoint of `runtime.output_dir` (a save cut short falls back to the
+one before, as `make train` does), evaluates the eval split and writes
 metrics.json (the task's metrics, loss, global_step, examples_per_second) next to it. `make train` runs the
 same evaluation at the end of training.
 """
@@ -22,7 +23,7 @@ from .core.errors import UserError, run_cli
 from .core.evaluation import describe, evaluate_model
 from .core.model import build_model, compile_model, metric_names
 from .core.run_dir import RunRecord, latest_checkpoint, run_path
-from .core.trainer import out_of_memory_reported
+from .core.trainer import out_of_memory_reported, restore_newest_readable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,7 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = build_model(cfg, manifest)
             compile_model(model, cfg, manifest, 1)
             checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-            checkpoint.restore(latest).expect_partial()
+        # The newest checkpoint that can be read, as `make train` restores: a save cut short falls
+        # back to the one before, with a one-line note (the input's cursor is training's only).
+        manager = tf.train.CheckpointManager(checkpoint, run_path(cfg.runtime.output_dir, "checkpoints"), None)
+        latest = restore_newest_readable(checkpoint, manager)
         step = int(model.optimizer.iterations.numpy())
         print(f"evaluating {latest} (step {step})", flush=True)
         metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
