@@ -241,6 +241,25 @@ def test_every_listed_target_has_a_plan(fresh_project):
     assert not not_listed, f"TARGETS in {Path(__file__).name} plans targets `make help` does not list: {not_listed}"
 
 
+def test_make_help_groups_the_targets_daily_ones_first(fresh_project):
+    """Every listed target sits under a heading of its group; the run group comes first, with the
+    data path in its order, and nothing falls into "Other"."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", succeeds(make(fresh_project, "help")))
+    lines = text.splitlines()
+    headings = [line for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert headings == [
+        "Run (daily, in this order):",
+        "Inspect and troubleshoot:",
+        "Benchmark:",
+        "TPU VM and Pod slice:",
+        "The project itself:",
+    ], headings
+    run = lines[1 : lines.index("Inspect and troubleshoot:")]
+    order = [line.split()[0] for line in run]
+    assert order[:7] == ["setup", "data", "real-data", "preprocess", "train", "eval", "predict"], order
+    assert [line.split()[0] for line in lines[:15]].count("train") == 1
+
+
 class Background:
     """A make target running in its own process group, its output read line by line."""
 

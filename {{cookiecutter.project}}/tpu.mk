@@ -111,7 +111,7 @@ TRAIN_LOG ?= logs/train.log
 .PHONY: tpu-create tpu-list tpu-ssh tpu-tunnel tpu-stop tpu-start tpu-delete tpu-copy tpu-setup tpu-versions \
 	tpu-info tpu-cleanup pod-train pod-logs train-bg logs
 
-tpu-create: ## create the TPU VM or Pod slice TPU_NAME (SPOT=1, PREEMPTIBLE=1, QUEUED=1 [QUEUE_FOR=6h], AUTOCHECKPOINT=1)
+tpu-create: ## [tpu] create the TPU VM or Pod slice TPU_NAME (SPOT=1, PREEMPTIBLE=1, QUEUED=1 [QUEUE_FOR=6h], AUTOCHECKPOINT=1)
 	$(if $(RUNTIME_VERSION),,$(error no runtime image known for TPU_TYPE=$(TPU_TYPE): set RUNTIME_VERSION=...))
 ifeq ($(QUEUED),1)
 	$(if $(filter 1,$(PREEMPTIBLE)),$(error queued resources have no PREEMPTIBLE=1: use SPOT=1))
@@ -125,41 +125,41 @@ else
 		--scopes=$(TPU_SCOPES) $(CAPACITY_FLAGS) $(AUTOCHECKPOINT_FLAGS)
 endif
 
-tpu-list: ## list the TPU VMs (QUEUED=1: and the queued resources) of the zone
+tpu-list: ## [tpu] list the TPU VMs (QUEUED=1: and the queued resources) of the zone
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm list $(TPU_FLAGS)
 ifeq ($(QUEUED),1)
 	@$(RUN) $(GCLOUD) compute tpus queued-resources list $(TPU_FLAGS)
 endif
 
-tpu-versions: ## list the TPU software images (RUNTIME_VERSION) the zone offers
+tpu-versions: ## [tpu] list the TPU software images (RUNTIME_VERSION) the zone offers
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm versions list $(TPU_FLAGS)
 
-tpu-info: ## show the TPU settings: type, hosts, runtime image, whether this machine is a TPU VM
+tpu-info: ## [tpu] show the TPU settings: type, hosts, runtime image, whether this machine is a TPU VM
 	@echo "GCP_PROJECT=$(GCP_PROJECT) ZONE=$(ZONE) TPU_NAME=$(TPU_NAME) TPU_TYPE=$(TPU_TYPE)"
 	@echo "TPU_POD=$(TPU_POD) RUNTIME_VERSION=$(RUNTIME_VERSION) TF_VERSION=$(TF_VERSION)"
 	@echo "ON_TPU_VM=$(ON_TPU_VM) TPU_LOG_DIR=$(TPU_LOG_DIR) TPU_STDERR_LOG_LEVEL=$(TPU_STDERR_LOG_LEVEL)"
 
-tpu-ssh: ## open a shell on the TPU VM (WORKER=n for another worker of a Pod slice)
+tpu-ssh: ## [tpu] open a shell on the TPU VM (WORKER=n for another worker of a Pod slice)
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER)
 
-tpu-tunnel: ## a shell on the TPU VM with its TensorBoard and profiler ports forwarded to this machine's localhost
+tpu-tunnel: ## [tpu] a shell on the TPU VM with its TensorBoard and profiler ports forwarded to this machine's localhost
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER) -- \
 		-L $(TENSORBOARD_PORT):localhost:$(TENSORBOARD_PORT) -L $(PROFILER_PORT):localhost:$(PROFILER_PORT)
 
-tpu-stop: ## stop the TPU VM without deleting it (tpu-start brings it back; preemptible ones cannot)
+tpu-stop: ## [tpu] stop the TPU VM without deleting it (tpu-start brings it back; preemptible ones cannot)
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm stop $(TPU_NAME) $(TPU_FLAGS)
 
-tpu-start: ## start the stopped TPU VM again
+tpu-start: ## [tpu] start the stopped TPU VM again
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm start $(TPU_NAME) $(TPU_FLAGS)
 
-tpu-delete: ## delete the TPU VM or slice (QUEUED=1: the queued resource too; YES=1 skips the prompt)
+tpu-delete: ## [tpu] delete the TPU VM or slice (QUEUED=1: the queued resource too; YES=1 skips the prompt)
 ifeq ($(QUEUED),1)
 	@$(RUN) $(GCLOUD) compute tpus queued-resources delete $(TPU_NAME) $(TPU_FLAGS) --force $(if $(filter 1,$(YES)),--quiet)
 else
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm delete $(TPU_NAME) $(TPU_FLAGS) $(if $(filter 1,$(YES)),--quiet)
 endif
 
-tpu-copy: ## copy the project to every worker (~/REMOTE_DIR), without .venv, data, runs and logs
+tpu-copy: ## [tpu] copy the project to every worker (~/REMOTE_DIR), without .venv, data, runs and logs
 	@$(RUN) tar -czf $(COPY_ARCHIVE) $(addprefix --exclude=./,$(COPY_EXCLUDES)) --exclude=__pycache__ \
 		$(foreach pattern,$(SECRET_EXCLUDES),--exclude='$(pattern)') .
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm scp $(COPY_ARCHIVE) $(TPU_NAME):$(COPY_ARCHIVE) $(TPU_FLAGS) --worker=all
@@ -167,14 +167,14 @@ tpu-copy: ## copy the project to every worker (~/REMOTE_DIR), without .venv, dat
 		--command='mkdir -p $(REMOTE_DIR) && tar -xzf $(COPY_ARCHIVE) -C $(REMOTE_DIR) && rm -f $(COPY_ARCHIVE)'
 	@$(RUN) rm -f $(COPY_ARCHIVE)
 
-tpu-setup: ## run `make setup` on every worker (installs make/tmux first if the image lacks them)
+tpu-setup: ## [tpu] run `make setup` on every worker (installs make/tmux first if the image lacks them)
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
 		--command='cd $(REMOTE_DIR) && { command -v make >/dev/null && command -v tmux >/dev/null || { sudo apt-get update -q && sudo apt-get install -y -q make tmux; }; } && make setup'
 
-tpu-cleanup: ## on a TPU VM: kill processes holding the chips, remove the stale libtpu lock file
+tpu-cleanup: ## [tpu] on a TPU VM: kill processes holding the chips, remove the stale libtpu lock file
 	@bash scripts/tpu_cleanup.sh
 
-pod-train: ## start training on a Pod slice: clean every worker, then train from worker 0 (logs/pod/)
+pod-train: ## [tpu] start training on a Pod slice: clean every worker, then train from worker 0 (logs/pod/)
 	$(if $(filter 1,$(TPU_POD)),,$(error TPU_TYPE=$(TPU_TYPE) is a single host: run `make train-bg` on the VM instead))
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=all \
 		--command='cd $(REMOTE_DIR) && bash scripts/tpu_cleanup.sh --restart-runtime'
@@ -182,13 +182,13 @@ pod-train: ## start training on a Pod slice: clean every worker, then train from
 		--command='$(strip cd $(REMOTE_DIR) && bash scripts/pod_train.sh $(TPU_NAME) $(POD_CONFIG) $(ARGS))'
 	@echo "Training runs on worker 0. Follow it: make pod-logs (WORKER=n for the other workers' servers)"
 
-pod-logs: ## follow the log of a Pod slice worker over SSH (WORKER=0: the training itself)
+pod-logs: ## [tpu] follow the log of a Pod slice worker over SSH (WORKER=0: the training itself)
 	@$(RUN) $(GCLOUD) compute tpus tpu-vm ssh $(TPU_NAME) $(TPU_FLAGS) --worker=$(WORKER) \
 		--command='tail -n 200 -F $(REMOTE_DIR)/logs/pod/worker-$(WORKER).log'
 
-train-bg: ## on the TPU VM: run `make train` in tmux, safe from SSH drops (log: logs/train.log)
+train-bg: ## [run] on the TPU VM: run `make train` in tmux, safe from SSH drops (log: logs/train.log)
 	@bash scripts/tmux_run.sh $(TRAIN_SESSION) $(TRAIN_LOG) -- \
 		make train $(if $(CONFIG),CONFIG=$(CONFIG)) $(if $(ARGS),ARGS='$(ARGS)')
 
-logs: ## follow the log of `make train-bg` (Ctrl-C stops following, not training)
+logs: ## [run] follow the log of `make train-bg` (Ctrl-C stops following, not training)
 	@$(RUN) tail -n 200 -F $(TRAIN_LOG)
