@@ -86,3 +86,22 @@ def test_the_library_imports_no_command():
         assert not imported & set(COMMANDS), (
             f"core/{path.name} imports the command(s) {sorted(imported & set(COMMANDS))}"
         )
+
+
+def test_the_module_maps_name_every_module():
+    """The package's docstring maps every command and core/'s every library module: a module added
+    without its line there fails here."""
+    import re
+
+    def named(docstring: str) -> set[str]:
+        """The names in the first column of the map: its indented lines, up to the gap before the text."""
+        first_columns = [line.strip().split("  ")[0] for line in docstring.splitlines() if line.startswith("    ")]
+        return {word for column in first_columns for word in re.findall(r"[a-z_]+", column)}
+
+    package_doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
+    core_doc = ast.get_docstring(ast.parse((PACKAGE / "core" / "__init__.py").read_text()))
+    unnamed_commands = [name for name in COMMANDS if name not in named(package_doc)]
+    assert not unnamed_commands, f"{PACKAGE.name}/__init__.py does not name the commands {unnamed_commands}"
+    library = sorted(path.stem for path in (PACKAGE / "core").glob("*.py") if path.stem != "__init__")
+    unnamed_library = [name for name in library if name not in named(core_doc)]
+    assert not unnamed_library, f"core/__init__.py does not name the modules {unnamed_library}"

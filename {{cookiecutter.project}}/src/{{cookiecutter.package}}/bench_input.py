@@ -239,13 +239,12 @@ def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: floa
     )
     # The same model and data in the other precision: what bfloat16 costs or gains on this machine.
     other = "float32" if chosen == "bfloat16" else "bfloat16"
-    precision.set_policy(other)
-    with resolved.strategy.scope():
-        other_model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
-    other_rate = training_steps_per_second(
-        other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
-    )
-    precision.set_policy(chosen)
+    with precision.policy("mixed_bfloat16" if other == "bfloat16" else "float32"):  # restored whatever happens
+        with resolved.strategy.scope():
+            other_model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
+        other_rate = training_steps_per_second(
+            other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
+        )
     rates = {chosen: synthetic_rate, other: other_rate}
     bf16_over_f32 = rates["float32"] / rates["bfloat16"]  # step time of bfloat16 over float32's
     print(
