@@ -148,26 +148,25 @@ def test_the_trace_keeps_the_float32_logits_of_the_tasks_loss_and_one_byte_per_d
 
 
 def test_a_model_built_from_shapes_holds_no_memory_and_plans_like_a_real_one():
-    """A 4 GiB layer (float32 32768 x 32768) before a raw TensorFlow op, the case where Keras would
-    run the initialisers, built and planned from shapes: the process does not grow by it."""
+    """A 4 GiB layer (float32 32768 x 32768), built and planned from shapes: the process does not
+    grow by it, and a real model built before it still trains after it."""
     import resource
 
-    def build():
-        inputs = keras.Input((32768,), name="features")
-        wide = layers.Dense(32768, name="wide")(inputs)
-        # A raw op with a constant operand: Keras evaluates the constant in a session, which would
-        # initialise every variable built so far.
-        return keras.Model(inputs, tf.nn.relu(wide - tf.constant(0.5)))
-
+    real = residual_mlp(1, width=8)
+    real.compile(optimizer="sgd", loss="mse")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with memory.abstract():
-        model = build()
-        traced = memory.trace(model, 8)
+        inputs = keras.Input((32768,), name="features")
+        wide = layers.Dense(32768, name="wide")(inputs)
+        model = keras.Model(inputs, tf.nn.relu(wide - tf.constant(0.5)))
+    traced = memory.trace(model, 8)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 2**30, f"building from shapes grew the process by {grown / 2**30:.1f} GiB"
     assert memory.shapes(model.weights) == [(32768, 32768), (32768,)]
     assert traced.forward_flops == 2 * 8 * 32768 * 32768
     assert traced.activation_bytes == 2 * 4 * 8 * 32768  # the input (for the weight's gradient), the relu's output
+    history = real.fit(np.ones((16, 8), "float32"), np.ones((16, 1), "float32"), epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
 
 
 def test_a_plan_adds_weights_gradients_slots_and_activations():

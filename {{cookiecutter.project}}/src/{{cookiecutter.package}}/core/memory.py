@@ -19,9 +19,9 @@ is counted (a LayerNorm's float32 copies, GELU's intermediates), where XLA on a 
 them away. The plan counts them (it errs on the side of "does not fit"); the README compares it
 with the independent count of Korthikanti et al. (2022) for the decoder.
 
-`abstract_model(build)` builds a model whose variables are never allocated (a graph of its own,
-Keras' variable initialisation off), so that any size plans in seconds from shapes alone;
-`estimate_for(cfg, task, manifest, ...)` builds, traces and plans that way.
+Models for the plan are built inside `abstract()`, whose variables are handles that are never
+given a value, so that any size plans in seconds from shapes alone; `Planner` and
+`estimate_for(cfg, manifest, ...)` build, trace and plan that way.
 
 `plan(...)` adds the float32 weights, their gradients, the accumulator of gradient accumulation
 and the optimizer's slots (by optimizer: SGD's momentum, AdamW's two moments, Adafactor's factored
@@ -39,9 +39,9 @@ import re
 from dataclasses import dataclass
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from . import precision as precision_lib
-from .keras import keras
 
 GIB = 2**30
 # Share of a chip's HBM kept for XLA's own buffers (the program, infeed, temporaries of fusions);
@@ -93,19 +93,28 @@ def _specs(structure):
     return tf.nest.map_structure(lambda tensor: tf.TensorSpec(tensor.shape, tensor.dtype), structure)
 
 
+def _uninitialised(next_creator, **kwargs):
+    """A variable of known shape as a handle with no value: nothing is allocated for it."""
+    shape = kwargs.get("shape")
+    if shape is None or not tf.TensorShape(shape).is_fully_defined():
+        return next_creator(**kwargs)  # a shape only its value tells (a scalar counter): made as usual
+    return resource_variable_ops.UninitializedVariable(
+        shape=shape,
+        dtype=kwargs.get("dtype") or tf.float32,
+        name=kwargs.get("name"),
+        trainable=kwargs.get("trainable", True),
+        synchronization=kwargs.get("synchronization") or tf.VariableSynchronization.AUTO,
+        aggregation=kwargs.get("aggregation") or tf.VariableAggregation.NONE,
+    )
+
+
 @contextlib.contextmanager
-def abstract(graph: tf.Graph | None = None):
-    """Keras models built inside hold no memory: their variables are ops of a graph of their own
-    (`graph`, or a new one), never initialised (Keras would otherwise run their initialisers when a
-    functional model meets a raw TensorFlow op). Tracing and counting work on them as on real ones;
-    running them does not. Yields the graph: enter it again to trace what was built in it."""
-    graph = graph or tf.Graph()
-    keras.backend.manual_variable_initialization(True)
-    try:
-        with graph.as_default():
-            yield graph
-    finally:
-        keras.backend.manual_variable_initialization(False)
+def abstract():
+    """Keras models built inside hold no memory: each variable of a known shape is a handle whose
+    value is never made (TensorFlow's UninitializedVariable). Tracing and counting work on them as
+    on real ones, in the same eager process; running them does not."""
+    with tf.variable_creator_scope(_uninitialised):
+        yield
 
 
 def sum_of_outputs(inputs, targets, outputs):
@@ -418,7 +427,7 @@ class Planner:
 
     def model(self, remat=None, precision_name: str = "bfloat16"):
         """The config's model as training builds it (core/model.py; `remat` None: as configured),
-        built without memory, and its graph."""
+        built without memory."""
         from . import model as model_lib
 
         key = (remat, precision_name)
@@ -427,17 +436,17 @@ class Planner:
             if remat is not None:
                 cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
             policy = "mixed_bfloat16" if precision_name == "bfloat16" else "float32"
-            with abstract() as graph, precision_lib.policy(policy):
-                self.models[key] = (model_lib.build_model(cfg, self.manifest), graph)
+            with abstract(), precision_lib.policy(policy):
+                self.models[key] = model_lib.build_model(cfg, self.manifest)
         return self.models[key]
 
     def traced(self, remat, precision_name: str, batch: int) -> tuple[Trace, list, list]:
         """(the trace, the weights' shapes, the trainable weights' shapes) of the model."""
         key = (remat, precision_name)
         if key not in self.traces:
-            model, graph = self.model(remat, precision_name)
+            model = self.model(remat, precision_name)
             policy = "mixed_bfloat16" if precision_name == "bfloat16" else "float32"
-            with abstract(graph), precision_lib.policy(policy):
+            with abstract(), precision_lib.policy(policy):
                 _, targets = self.task.synthetic_batch(batch, self.manifest)
                 objective = task_objective(self.task, self.cfg.objective, self.manifest)
                 self.traces[key] = (

@@ -291,7 +291,7 @@ class Context:
     def model_or_error(self) -> tuple[list[LayerInfo] | None, str, str | None]:
         """(the model's layers, a one-line description, the error when it does not build)."""
         try:
-            model, _ = self.planner.model(precision_name=self.precision)
+            model = self.planner.model(precision_name=self.precision)
         except Exception as error:  # noqa: BLE001 - a user's model may fail in any way; report it
             first_line = (str(error).strip().splitlines() or [""])[0]
             return None, "", f"{type(error).__name__}: {first_line}"
