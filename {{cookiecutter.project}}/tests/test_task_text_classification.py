@@ -610,3 +610,29 @@ def test_the_bag_of_pieces_reads_the_pieces_and_their_adjacent_pairs():
     logits = model(tf.constant(ids)).numpy()
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
     assert ClassifierModelConfig(bag_width=-1).problem() == "model.bag_width must be 0 (off) or more, got -1"
+
+
+@pytest.mark.parametrize(
+    "which, overrides", [("local", ()), ("tpu", ()), ("local", ("model.pooling=mean_max", "model.bag_width=32"))]
+)
+def test_the_trainers_flops_per_step_are_the_text_classifiers_multiplies_counted_by_hand(which, overrides):
+    """What the log's TFLOP/s and MFU divide (utilisation.flops_per_step, which the trainer calls) for
+    the text classifier is exactly its matrix multiplies counted by hand, x 3 for the backward pass:
+    per token and block the Q, K, V and output projections (8 W^2), the MLP (4 W M) and attention's
+    QK^T and AV over the whole window (4 S W); per example the logits of the pooled vector (W for
+    mean pooling, 2 W for mean_max, plus the bag's width); over the global batch x 2 steps of
+    accumulation. The bag's embeddings are looked up, not multiplied."""
+    from conftest import config_file
+    from {{ cookiecutter.package }}.core import config, topology, utilisation
+    from {{ cookiecutter.package }}.core.model import build_model
+
+    with selected("text_classification") as task:
+        cfg = config.load(str(config_file(task.name, which)), ["train.gradient_accumulation_steps=2", *overrides])
+        manifest = task.nominal_manifest(cfg.data)
+        model = build_model(cfg, manifest)
+        counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
+    width, seq_len, mlp = cfg.model.width, cfg.data.seq_len, cfg.model.mlp_width
+    per_token = cfg.model.depth * (8 * width * width + 4 * width * mlp + 4 * seq_len * width)
+    pooled = (2 if cfg.model.pooling == "mean_max" else 1) * width + cfg.model.bag_width
+    forward = seq_len * per_token + 2 * pooled * manifest["num_classes"]
+    assert counted == pytest.approx(3 * forward * cfg.train.global_batch_size * 2, rel=1e-9)

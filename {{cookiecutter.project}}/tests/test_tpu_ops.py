@@ -405,31 +405,3 @@ def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
     towers = 2 * (2 * 8 * 16)  # per example: two [8] x [8, 16] multiplies
     counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
     assert counted == 3 * towers * 64 * cfg.train.gradient_accumulation_steps
-
-
-@pytest.mark.parametrize(
-    "which, overrides", [("local", ()), ("tpu", ()), ("local", ("model.pooling=mean_max", "model.bag_width=32"))]
-)
-def test_the_trainers_flops_per_step_are_the_text_classifiers_multiplies_counted_by_hand(which, overrides):
-    """What the log's TFLOP/s and MFU divide (utilisation.flops_per_step, which the trainer calls) for
-    the text classifier is exactly its matrix multiplies counted by hand, x 3 for the backward pass:
-    per token and block the Q, K, V and output projections (8 W^2), the MLP (4 W M) and attention's
-    QK^T and AV over the whole window (4 S W); per example the logits of the pooled vector (W for
-    mean pooling, 2 W for mean_max, plus the bag's width); over the global batch x 2 steps of
-    accumulation. The bag's embeddings are looked up, not multiplied."""
-    from conftest import config_file, selected
-    from {{ cookiecutter.package }}.core import config, topology, utilisation
-    from {{ cookiecutter.package }}.core.model import build_model
-
-    if not (ROOT / "src" / "{{ cookiecutter.package }}" / "tasks" / "text_classification").is_dir():
-        pytest.skip("the text classifier is not part of this project")
-    with selected("text_classification") as task:
-        cfg = config.load(str(config_file(task.name, which)), ["train.gradient_accumulation_steps=2", *overrides])
-        manifest = task.nominal_manifest(cfg.data)
-        model = build_model(cfg, manifest)
-        counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
-    width, seq_len, mlp = cfg.model.width, cfg.data.seq_len, cfg.model.mlp_width
-    per_token = cfg.model.depth * (8 * width * width + 4 * width * mlp + 4 * seq_len * width)
-    pooled = (2 if cfg.model.pooling == "mean_max" else 1) * width + cfg.model.bag_width
-    forward = seq_len * per_token + 2 * pooled * manifest["num_classes"]
-    assert counted == pytest.approx(3 * forward * cfg.train.global_batch_size * 2, rel=1e-9)
