@@ -100,8 +100,9 @@ CONTRACT_TARGETS = {
     "bench", "bench-spe", "bench-preprocess", "bench-startup", "tpu-create", "tpu-list", "tpu-ssh", "tpu-stop", "tpu-start",
     "tpu-delete", "tpu-copy", "pod-train", "train-bg", "logs", "help", "lint", "format", "test-full", "test-tpu",
 }
-# A rule line with a help text, in any of the project's make files: "name: [prerequisites] ## text".
-DOCUMENTED_RULE = re.compile(r"^([^\s:#=$]+)\s*:(?!=)[^#\n]*## +(\S.*)$", re.MULTILINE)
+# A rule line with a help text, in any of the project's make files: "name: [prerequisites] ## [group] text"
+# (`make help` lists the text under its group's heading).
+DOCUMENTED_RULE = re.compile(r"^([^\s:#=$]+)\s*:(?!=)[^#\n]*## +(?:\[[a-z]+\] )?(\S.*)$", re.MULTILINE)
 
 
 def make_database_targets(project) -> set[str]:
