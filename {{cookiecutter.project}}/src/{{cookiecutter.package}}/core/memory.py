@@ -411,6 +411,13 @@ def shapes(variables) -> list[tuple[int, ...]]:
     return [tuple(int(dim) for dim in variable.shape) for variable in variables]
 
 
+@contextlib.contextmanager
+def _building(precision_name: str):
+    """Without memory (`abstract`), under the Keras policy of `precision_name`."""
+    with abstract(), precision_lib.policy("mixed_bfloat16" if precision_name == "bfloat16" else "float32"):
+        yield
+
+
 class Planner:
     """Plans of one config's model, built from shapes (`abstract`) once per precision and remat
     setting and traced once each with the task's loss: activations scale with the batch, so one
@@ -435,8 +442,7 @@ class Planner:
             cfg = self.cfg
             if remat is not None:
                 cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
-            policy = "mixed_bfloat16" if precision_name == "bfloat16" else "float32"
-            with abstract(), precision_lib.policy(policy):
+            with _building(precision_name):
                 self.models[key] = model_lib.build_model(cfg, self.manifest)
         return self.models[key]
 
@@ -445,8 +451,7 @@ class Planner:
         key = (remat, precision_name)
         if key not in self.traces:
             model = self.model(remat, precision_name)
-            policy = "mixed_bfloat16" if precision_name == "bfloat16" else "float32"
-            with abstract(), precision_lib.policy(policy):
+            with _building(precision_name):
                 _, targets = self.task.synthetic_batch(batch, self.manifest)
                 objective = task_objective(self.task, self.cfg.objective, self.manifest)
                 self.traces[key] = (
