@@ -124,14 +124,13 @@ def test_the_gathered_in_batch_loss_has_the_one_device_gradient_on_8_replicas(st
     import tensorflow as tf
     from conftest import assert_same_updates
 
-    from {{package}} import parity
+    from {{package}} import parity, tasks
     from {{package}}.core import config as config_lib
     from {{package}}.core.keras import keras
     from {{package}}.core.model import build_model
-    from {{package}}.tasks import select
 
-    select("__task__")
-    cfg = config_lib.load("configs/__task__/local.yaml", [])
+    cfg = config_lib.load("configs/__task__/local.yaml", [], registry=tasks)
+    assert tasks.load(cfg.task) is TASK
     assert cfg.objective.temperature == 0.1
     manifest = TASK.nominal_manifest(cfg.data)
     rng = np.random.default_rng(0)
@@ -139,7 +138,7 @@ def test_the_gathered_in_batch_loss_has_the_one_device_gradient_on_8_replicas(st
     batch = ({"features": features, "target": features.sum(axis=1, keepdims=True)}, np.zeros((128, 1), "float32"))
 
     def make():
-        model = build_model(cfg, manifest)
+        model = build_model(cfg, TASK, manifest)
         model.compile(keras.optimizers.SGD(1.0))
         return model
 

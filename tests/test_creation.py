@@ -15,7 +15,7 @@ from conftest import ROOT, TASKS, TPU_TYPES, VENV, bake
 EXPECTED_FILES = {
     ".cruft.json", ".gitignore", ".pre-commit-config.yaml", ".github/workflows/ci.yml", "Makefile", "README.md", "project.mk", "tpu.mk", "pyproject.toml",
     "requirements.txt", "requirements-dev.txt",
-    "configs/local.yaml", "configs/local-real.yaml", "configs/tpu.yaml", "configs/pod.yaml",
+    "configs/base.yaml", "configs/local.yaml", "configs/local-real.yaml", "configs/tpu.yaml", "configs/pod.yaml",
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
     "scripts/template_update.sh", "scripts/tpu_cleanup.sh",
     *(f"src/{{package}}/{name}.py" for name in (
@@ -31,8 +31,8 @@ EXPECTED_FILES = {
         "recompute", "run_dir", "schedule", "steps_per_execution", "task", "topology", "trainer", "utilisation")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
-        "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/local.yaml", "configs/tpu.yaml",
-        "configs/pod.yaml")),
+        "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/base.yaml", "configs/local.yaml",
+        "configs/tpu.yaml", "configs/pod.yaml")),
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
@@ -89,7 +89,7 @@ def test_bake_every_option(tmp_path, tpu_type, task):
     project_mk = (project / "project.mk").read_text()
     assert "GCP_PROJECT ?= acme-ml-research" in project_mk and f"TPU_TYPE ?= {tpu_type}" in project_mk
     assert f'DEFAULT_TPU_TYPE = "{tpu_type}"' in (project / "src/vision_lab/core/topology.py").read_text()
-    for config in ("local", "tpu", "pod"):  # every shipped config loads with the baked code
+    for config in ("base", "local", "local-real", "tpu", "pod"):  # every shipped config loads with the baked code
         subprocess.run([str(VENV / "bin/python"), "-m", "vision_lab.config", "--config", f"configs/{config}.yaml"],
                        cwd=project, env={"PYTHONPATH": str(project / "src")}, check=True, capture_output=True)
 

@@ -462,7 +462,7 @@ def check_target_works(project: Path, target: str) -> None:
     if target == "eval":  # the small run's 20 steps, evaluated on the eval split
         assert re.search(r"^eval \S+ \d+\.\d{4}, .* on \d+ examples at step 20 -> ", output, re.MULTILINE), output
     if target == "parity":  # the default bake's image model normalises per replica; the text models agree
-        per_replica_norms = "task: image_classification" in (project / "configs/local.yaml").read_text()
+        per_replica_norms = "task: image_classification" in (project / "configs/base.yaml").read_text()
         verdict = (r"^verdict: the curves part at step \d+, because:\n  - per-replica BatchNormalization: .* with them "
                    r"synchronised the curves agree" if per_replica_norms else r"^verdict: agree: 2 replicas train as one")
         assert re.search(verdict, output, re.MULTILINE), output

@@ -61,8 +61,8 @@ from {package} import tasks
 from {package}.core import config, preprocessing
 from {package}.core.task import RawExample
 
-eval_fraction = config.load("configs/local.yaml").data.eval_fraction
-task, raw = tasks.current(), "data/raw"
+cfg = config.load("configs/local.yaml", registry=tasks)
+eval_fraction, task, raw = cfg.data.eval_fraction, tasks.load(cfg.task), "data/raw"
 rejected = {{json.loads(line)["source"] for line in open("data/tfrecords/rejected.jsonl")}}
 examples = []
 for unit in task.list_raw(raw).units:
@@ -315,7 +315,7 @@ def test_a_contrastive_dual_encoder_needs_no_edit_outside_its_package(set_up_pro
     test_py = project / f"tests/test_task_{name}.py"
     test_py.write_text(test_py.read_text() + TEST_CODE.replace("__task__", name).replace("{{package}}", "pair_lab"))
     local = project / f"configs/{name}/local.yaml"
-    local.write_text(local.read_text().replace("\ntrain:", "\nobjective:\n  temperature: 0.1\ntrain:", 1))
+    local.write_text(local.read_text() + "objective:\n  temperature: 0.1\n")
 
     config = f"CONFIG=configs/{name}/local.yaml"
     make(project, "data", config)

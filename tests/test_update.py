@@ -101,7 +101,7 @@ def make_template_update(project: Path) -> subprocess.CompletedProcess:
 
 def change_the_template(template: Path, message: str) -> None:
     """A newer template: a changed config line and a script it no longer generates."""
-    config = template / "{{cookiecutter.project}}/configs/local.yaml"
+    config = template / "{{cookiecutter.project}}/configs/base.yaml"
     config.write_text(config.read_text().replace("total_steps: 400", "total_steps: 500", 1))
     (template / "{{cookiecutter.project}}/scripts/tmux_run.sh").unlink()
     commit_all(template, message)
@@ -115,7 +115,7 @@ def test_make_template_update_on_a_branch_and_its_conflicts(template, tmp_path):
     project = bake(tmp_path / "projects", template=newer, **ANSWERS)
     state = json.loads((project / ".cruft.json").read_text())
     assert (state["template"], state["commit"]) == (str(newer), git(newer, "rev-parse", "HEAD").strip())
-    assert "total_steps: 400" in (project / "configs/local.yaml").read_text()
+    assert "total_steps: 400" in (project / "configs/base.yaml").read_text()
 
     result = make_template_update(project)
     assert result.returncode != 0 and "git init" in result.stderr  # not a repository yet
@@ -126,7 +126,7 @@ def test_make_template_update_on_a_branch_and_its_conflicts(template, tmp_path):
     assert git(project, "branch", "--list").split() == ["*", "main"]
 
     change_the_template(newer, "a newer template")
-    conflicting = project / "configs/local.yaml"
+    conflicting = project / "configs/base.yaml"
     conflicting.write_text(conflicting.read_text().replace("total_steps: 400", "total_steps: 300", 1))
     (project / "notes.md").write_text("ours\n")
     result = make_template_update(project)
@@ -137,7 +137,7 @@ def test_make_template_update_on_a_branch_and_its_conflicts(template, tmp_path):
     result = make_template_update(project)
     assert result.returncode != 0, result.stdout + result.stderr
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and "conflicts with your edits in: configs/local.yaml --" in error[0], result.stderr
+    assert len(error) == 1 and "conflicts with your edits in: configs/base.yaml --" in error[0], result.stderr
     assert git(project, "rev-parse", "--abbrev-ref", "HEAD").strip() == "template-update"
     assert "<<<<<<<" in conflicting.read_text()
     git(project, "reset", "-q", "--hard")

@@ -3,7 +3,6 @@ CPU split into 8 logical devices, so that tests run the TPU code path with 8 rep
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import sys
@@ -29,7 +28,7 @@ REPLICAS = 8
 # that run the same code path in seconds, and how many inputs of its small sample are rejected.
 from {{ cookiecutter.package }} import tasks  # noqa: E402 (after sys.path; imports no TensorFlow)
 
-TESTING = tasks.current().testing()
+TESTING = tasks.load(tasks.DEFAULT).testing()
 DATA_OVERRIDES = tuple(item for item in TESTING.overrides if item.startswith("data."))
 MODEL_OVERRIDES = tuple(item for item in TESTING.overrides if not item.startswith("data."))
 SAMPLE_BROKEN = TESTING.rejected
@@ -68,14 +67,11 @@ def own_cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def global_state_restored():
-    """Keras' global precision policy and the selected task belong to the process: training sets
-    the policy (precision.apply), loading a config selects its task. Each test finds both as the
-    test before it found them, whichever tests ran first on its worker."""
-    task = tasks.current().name
+    """Keras' global precision policy belongs to the process: training sets it (precision.apply).
+    Each test finds it as the test before it found it, whichever tests ran first on its worker."""
     keras_module = sys.modules.get("tf_keras")  # not imported yet: the policy is Keras' default
     policy = keras_module.mixed_precision.global_policy().name if keras_module else "float32"
     yield
-    tasks.select(task)
     keras_module = sys.modules.get("tf_keras")
     if keras_module:
         keras_module.mixed_precision.set_global_policy(policy)
@@ -97,7 +93,7 @@ def strategy():
     ("Shape mismatch in the collective instance")."""
     from {{ cookiecutter.package }}.core import config, distribute
 
-    return distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime).strategy
+    return distribute.resolve(config.load(None, ["runtime.strategy=auto"], registry=tasks).runtime).strategy
 
 
 def config_file(task_name: str, which: str = "local") -> Path:
@@ -105,17 +101,6 @@ def config_file(task_name: str, which: str = "local") -> Path:
     for a task added later."""
     own = task_name == tasks.DEFAULT
     return PROJECT / "configs" / (f"{which}.yaml" if own else f"{task_name}/{which}.yaml")
-
-
-@contextlib.contextmanager
-def selected(task_name: str):
-    """The task `task_name` is the current one inside the block (as loading its config makes it)."""
-    previous = tasks.current().name
-    tasks.select(task_name)
-    try:
-        yield tasks.current()
-    finally:
-        tasks.select(previous)
 
 
 _SAMPLES: dict = {}
@@ -126,12 +111,12 @@ def task_sample(task_name: str, tmp_path_factory) -> tuple[Path, Path]:
     inputs), preprocessed by the real Beam pipeline into 4 shards per split with the task's test
     overrides; made once per session and task."""
     if task_name not in _SAMPLES:
-        with selected(task_name) as task:
-            raw = tmp_path_factory.mktemp(f"raw-{task_name}")
-            task.write_sample_data(raw, seed=1, small=True)
-            output = tmp_path_factory.mktemp(f"tfrecords-{task_name}")
-            data_overrides = [item for item in task.testing().overrides if item.startswith("data.")]
-            run_preprocess(raw, output, "--config", str(config_file(task_name)), "--num_shards", "4", *data_overrides)
+        task = tasks.load(task_name)
+        raw = tmp_path_factory.mktemp(f"raw-{task_name}")
+        task.write_sample_data(raw, seed=1, small=True)
+        output = tmp_path_factory.mktemp(f"tfrecords-{task_name}")
+        data_overrides = [item for item in task.testing().overrides if item.startswith("data.")]
+        run_preprocess(raw, output, "--config", str(config_file(task_name)), "--num_shards", "4", *data_overrides)
         _SAMPLES[task_name] = raw, output
     return _SAMPLES[task_name]
 
@@ -165,22 +150,22 @@ def task_config(task_name: str, data_dir: Path, output_dir: Path, *overrides: st
     """The task's local config shrunk to run in seconds: same code path, smaller everything."""
     from {{ cookiecutter.package }}.core import config
 
-    with selected(task_name) as task:
-        return config.load(
-            str(config_file(task_name)),
-            [
-                f"data.dir={data_dir}",
-                f"runtime.output_dir={output_dir}",
-                *task.testing().overrides,
-                "train.global_batch_size=32",
-                "train.total_steps=24",
-                "train.warmup_steps=4",
-                "train.steps_per_execution=4",
-                "train.checkpoint_every=8",
-                "train.log_every=8",
-                *overrides,
-            ],
-        )
+    return config.load(
+        str(config_file(task_name)),
+        [
+            f"data.dir={data_dir}",
+            f"runtime.output_dir={output_dir}",
+            *tasks.load(task_name).testing().overrides,
+            "train.global_batch_size=32",
+            "train.total_steps=24",
+            "train.warmup_steps=4",
+            "train.steps_per_execution=4",
+            "train.checkpoint_every=8",
+            "train.log_every=8",
+            *overrides,
+        ],
+        registry=tasks,
+    )
 
 
 _RUNS: dict = {}
@@ -199,32 +184,32 @@ def finished_run_of(task_name: str, tmp_path_factory):
 
         _, data = task_sample(task_name, tmp_path_factory)
         output = tmp_path_factory.mktemp(f"run-{task_name}")
-        with selected(task_name):
-            cfg = task_config(
-                task_name,
-                data,
-                output,
-                "runtime.mixed_precision=bfloat16",
-                "runtime.profile_steps=8,16",
-                "train.total_steps=48",
-                "train.eval_every=16",
-                "train.keep_checkpoints=2",
-            )
-            # The model training starts from (same seed): what the headline metric moves away from.
-            resolved = distribute.resolve(cfg.runtime)
-            manifest = input_pipeline.read_manifest(str(data), cfg.data)
-            # Training sets Keras' global precision policy; the tests after it find the one they had,
-            # whichever of them made the run.
-            policy = keras.mixed_precision.global_policy()
-            try:
-                precision.set_policy("bfloat16")
-                keras.utils.set_random_seed(cfg.runtime.seed)
-                with resolved.strategy.scope():
-                    untrained = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
-                initial = evaluate_model(untrained, resolved.strategy, cfg, manifest)
-                metrics = trainer.train(cfg)
-            finally:
-                keras.mixed_precision.set_global_policy(policy)
+        task = tasks.load(task_name)
+        cfg = task_config(
+            task_name,
+            data,
+            output,
+            "runtime.mixed_precision=bfloat16",
+            "runtime.profile_steps=8,16",
+            "train.total_steps=48",
+            "train.eval_every=16",
+            "train.keep_checkpoints=2",
+        )
+        # The model training starts from (same seed): what the headline metric moves away from.
+        resolved = distribute.resolve(cfg.runtime)
+        manifest = input_pipeline.read_manifest(str(data), task, cfg.data)
+        # Training sets Keras' global precision policy; the tests after it find the one they had,
+        # whichever of them made the run.
+        policy = keras.mixed_precision.global_policy()
+        try:
+            precision.set_policy("bfloat16")
+            keras.utils.set_random_seed(cfg.runtime.seed)
+            with resolved.strategy.scope():
+                untrained = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, 1)
+            initial = evaluate_model(untrained, resolved.strategy, cfg, task, manifest)
+            metrics = trainer.train(cfg, task)
+        finally:
+            keras.mixed_precision.set_global_policy(policy)
         _RUNS[task_name] = cfg, output, metrics, initial
     return _RUNS[task_name]
 

@@ -91,7 +91,7 @@ def expected_records(raw, data_dir, min_files: int) -> int:
 
     splits = json.loads((data_dir / "manifest.json").read_text())["splits"]
     accepted = sum(split["num_examples"] for split in splits.values())
-    return accepted * math.ceil(min_files / len(tasks.current().list_raw(str(raw)).units))
+    return accepted * math.ceil(min_files / len(tasks.load(tasks.DEFAULT).list_raw(str(raw)).units))
 
 
 def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir, data_dir):
@@ -122,10 +122,10 @@ def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, 
 
     raw = tmp_path / "raw"
     shutil.copytree(raw_dir, raw)
-    first = tasks.current().list_raw(str(raw)).units[0]
+    first = tasks.load(tasks.DEFAULT).list_raw(str(raw)).units[0]
     broken = raw / first.rpartition("/")[0] / f"-empty{first[first.rindex('.') :]}"  # sorts first
     broken.write_bytes(b"")
-    assert tasks.current().list_raw(str(raw)).units[0] == str(broken.relative_to(raw))
+    assert tasks.load(tasks.DEFAULT).list_raw(str(raw)).units[0] == str(broken.relative_to(raw))
     output, figures = run_module(
         "bench_preprocess",
         "--input",

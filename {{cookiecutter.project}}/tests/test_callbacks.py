@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -63,23 +64,40 @@ def test_each_execution_reports_the_optimizer_step_reached(float32_policy):
     assert steps.seen == [(0, 3), (3, 6), (6, 9)]
 
 
-def test_first_execution_ends_the_clocks_first_phase_once(float32_policy, capsys):
-    clock = goodput.PhaseClock()
-    clock.start(goodput.FIRST_EXECUTION)
-    first = callbacks.FirstExecution(0, clock)
-    fit([first], steps=6, steps_per_execution=2)
-    assert clock.current == goodput.TRAINING and goodput.FIRST_EXECUTION in clock.seconds
-    assert (first.first_step, first.step) == (2, 6)
+def test_first_execution_books_the_first_execution_apart_once(float32_policy, capsys):
+    clock, report = goodput.PhaseClock(), callbacks.Report(step=0)
+    with clock.phase(goodput.TRAINING):
+        fit([callbacks.FirstExecution(0, clock, report)], steps=6, steps_per_execution=2)
+    seconds = clock.so_far()
+    assert seconds[goodput.FIRST_EXECUTION] > 0 and seconds[goodput.TRAINING] >= 0
+    assert (report.first_step, report.step) == (2, 6)
     printed = capsys.readouterr().out
     assert printed.count("time to first step") == 1
-    rate = first.examples_per_second(4)
+    rate = report.examples_per_second(4)
     assert math.isfinite(rate) and rate > 0
-    assert math.isnan(callbacks.FirstExecution(0, clock).examples_per_second(4))  # nothing timed
+    assert math.isnan(callbacks.Report(step=0).examples_per_second(4))  # nothing timed
+
+
+def test_the_phase_clock_books_each_block_to_its_phase_and_resumes_the_enclosing_one():
+    clock = goodput.PhaseClock()
+    with clock.phase(goodput.TRAINING):
+        time.sleep(0.05)
+        with clock.phase(goodput.EVALUATION):
+            time.sleep(0.1)
+        time.sleep(0.05)
+    time.sleep(0.02)
+    seconds = clock.so_far()
+    assert list(seconds) == [goodput.START_UP, goodput.TRAINING, goodput.EVALUATION]
+    assert seconds[goodput.EVALUATION] == pytest.approx(0.1, abs=0.03)
+    assert seconds[goodput.TRAINING] == pytest.approx(0.1, abs=0.03)
+    assert seconds[goodput.START_UP] == pytest.approx(0.02, abs=0.02)  # outside any block: start-up
+    clock.move(0.05, goodput.TRAINING, goodput.END_OF_FIT)
+    assert clock.so_far()[goodput.END_OF_FIT] == 0.05
 
 
 def test_nan_guard_stops_before_anything_is_saved(float32_policy, tmp_path):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=2)
-    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=2)
+    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=2, report=callbacks.Report(step=0))
     labels = np.full((4 * 8, 1), np.nan, "float32")
     with pytest.raises(
         callbacks.NonFiniteLoss,
@@ -98,8 +116,10 @@ def test_step_log_prints_at_log_boundaries_and_logs_every_steps_rate(float32_pol
     # A step of 1 TFLOP on a host whose stored peak is 4 TFLOP/s: TFLOP/s per chip = steps/s, MFU = a quarter.
     utilisation.store_host_peak(str(tmp_path / "cache"), "float32", 4e12)
     used = utilisation.Utilisation(1e12, Target("cpu", 8, 1), "float32", str(tmp_path / "cache"))
-    log = callbacks.StepLog(0, cfg, writer, ["loss"], lambda: used)
+    report = callbacks.Report(step=0)
+    log = callbacks.StepLog(0, cfg, writer, ["loss"], lambda: used, report)
     fit([log], steps=9, steps_per_execution=3)
+    assert report.utilisation is used
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
     # Executions end at 3, 6, 9: 6 crosses 4, 9 crosses 8 and is the last step.
     assert [int(line.split()[1].split("/")[0]) for line in lines] == [6, 9]
@@ -139,10 +159,12 @@ def test_profile_window_traces_its_steps(float32_policy, tmp_path, capsys):
 
 def test_checkpoints_at_each_boundary_and_their_time(float32_policy, tmp_path):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=5)
-    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=4)
-    fit([checkpoints], steps=9, steps_per_execution=3)
+    report = callbacks.Report(step=0)
+    fit([callbacks.Checkpoints(0, manager, checkpoint_every=4, report=report)], steps=9, steps_per_execution=3)
     assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["6", "9"]
-    assert len(checkpoints.save_seconds) == 2 and checkpoints.saved(9) and not checkpoints.saved(6)
+    assert len(report.save_seconds) == 2
+    callbacks.save_checkpoint(manager, 9, report)  # the newest already is step 9: not saved again
+    assert len(report.save_seconds) == 2 and len(manager.checkpoints) == 2
 
 
 class SendSigterm(callbacks.BetweenExecutions):
@@ -153,22 +175,24 @@ class SendSigterm(callbacks.BetweenExecutions):
 
 def test_sigterm_saves_at_the_next_boundary_and_stops(float32_policy, tmp_path):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=5)
-    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=100)
-    stop = callbacks.Preemption(0, checkpoints, poll_seconds=60)
+    report = callbacks.Report(step=0)
+    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=100, report=report)
+    stop = callbacks.Preemption(0, manager, poll_seconds=60, report=report)
     before = signal.getsignal(signal.SIGTERM)
     with stop.watching():
         assert signal.getsignal(signal.SIGTERM) == stop.request_stop
         model = fit([SendSigterm(0), checkpoints, stop], steps=20, steps_per_execution=2)
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
-    assert stop.reason == "SIGTERM"
+    assert report.stop == callbacks.Stop(goodput.PREEMPTED, "SIGTERM")
     assert int(model.optimizer.iterations.numpy()) == 4  # stopped at the boundary the signal arrived in
     assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["4"]
 
 
 def test_a_notice_from_another_thread_saves_once_even_on_a_checkpoint_boundary(float32_policy, tmp_path):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=5)
-    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=6)
-    stop = callbacks.Preemption(0, checkpoints, poll_seconds=60)
+    report = callbacks.Report(step=0)
+    checkpoints = callbacks.Checkpoints(0, manager, checkpoint_every=6, report=report)
+    stop = callbacks.Preemption(0, manager, poll_seconds=60, report=report)
 
     class NoticeAtStep6(callbacks.BetweenExecutions):
         def on_execution_end(self, step, previous, logs):
@@ -179,63 +203,137 @@ def test_a_notice_from_another_thread_saves_once_even_on_a_checkpoint_boundary(f
 
     model = fit([NoticeAtStep6(0), checkpoints, stop], steps=20, steps_per_execution=2)
     assert int(model.optimizer.iterations.numpy()) == 6
-    assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["6"] and len(checkpoints.save_seconds) == 1
+    assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["6"] and len(report.save_seconds) == 1
+    assert report.stop.end == goodput.PREEMPTED and report.stop.detail.startswith("host maintenance")
 
 
-def periodic_evaluation(cfg, tmp_path, results):
-    """A PeriodicEvaluation whose evaluations return `results` in turn (the headline metric's value)."""
+class Logs(callbacks.BetweenExecutions):
+    """Keeps the logs of every execution, as a callback after the others sees them."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.seen = {}
+
+    def on_execution_end(self, step, previous, logs):
+        self.seen[step] = dict(logs)
+
+
+def periodic_evaluation(cfg, tmp_path, results, report):
+    """A PeriodicEvaluation whose evaluations return `results` in turn (every metric's value), kept
+    by the task's headline metric in its direction."""
     variable = tf.Variable(0.0)
     checkpoint = tf.train.Checkpoint(step=variable)
     best_manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints" / "best"), max_to_keep=1)
     values = iter(results)
-    names = metric_names(cfg, input_pipeline.read_manifest(cfg.data.dir, cfg.data))
+    task = tasks.load(cfg.task)
+    names = metric_names(cfg, task, input_pipeline.read_manifest(cfg.data.dir, task, cfg.data))
     evaluation = callbacks.PeriodicEvaluation(
         0,
-        cfg,
+        cfg.train.eval_every,
+        cfg.train.total_steps,
         evaluate=lambda: dict.fromkeys(names, next(values)),
         best_manager=best_manager,
-        history=[],
+        monitor=f"eval_{task.headline_metric}",
+        mode="max" if task.higher_is_better else "min",
         metric_names=names,
         write_summaries=lambda metrics, step: None,
         describe=lambda metrics: "scripted",
+        report=report,
     )
-    return evaluation, variable, checkpoint, best_manager
+    return evaluation, names, best_manager
 
 
-def test_periodic_evaluation_runs_at_its_boundaries_before_the_last_step(float32_policy, data_dir, tmp_path):
+def test_periodic_evaluation_runs_at_its_boundaries_before_the_last_step_into_the_logs(
+    float32_policy, data_dir, tmp_path
+):
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=12", "train.eval_every=4")
-    evaluation, *_ = periodic_evaluation(cfg, tmp_path, [1.0, 2.0, 3.0])
-    fit([evaluation], steps=12, steps_per_execution=2)
-    assert [entry["step"] for entry in evaluation.history] == [4, 8]  # 12 is the final evaluation's
-    assert evaluation.seconds > 0
+    report, logs = callbacks.Report(step=0), Logs()
+    evaluation, names, best_manager = periodic_evaluation(cfg, tmp_path, [1.0, 2.0, 3.0], report)
+    fit([evaluation, logs], steps=12, steps_per_execution=2)
+    assert [entry["step"] for entry in report.history] == [4, 8]  # 12 is the final evaluation's
+    assert report.evaluation_seconds > 0
+    # The callbacks after it see eval_<metric> in the logs of the executions that evaluated, only those.
+    assert {step for step, seen in logs.seen.items() if f"eval_{names[0]}" in seen} == {4, 8}
+    assert all(logs.seen[8][f"eval_{name}"] == 2.0 for name in names)
+    higher = tasks.load(cfg.task).higher_is_better
+    assert best_manager.latest_checkpoint.endswith("ckpt-8" if higher else "ckpt-4")
 
 
 def test_no_evaluation_starts_once_training_stops(float32_policy, data_dir, tmp_path):
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=12", "train.eval_every=4")
-    evaluation, *_ = periodic_evaluation(cfg, tmp_path, [1.0])
+    report = callbacks.Report(step=0)
+    evaluation, *_ = periodic_evaluation(cfg, tmp_path, [1.0], report)
 
     class StopAt4(callbacks.BetweenExecutions):
         def on_execution_end(self, step, previous, logs):
             self.model.stop_training = step >= 4
 
     fit([StopAt4(0), evaluation], steps=12, steps_per_execution=2)
-    assert evaluation.history == []
+    assert report.history == []
 
 
 def test_the_best_evaluation_is_kept_even_when_a_later_one_is_worse(data_dir, tmp_path):
-    """Evaluations whose headline goes good, best, worse (by the task's direction): the kept
-    checkpoint, best_step and best_<metric> are the middle one's, not the latest's."""
-    task = tasks.current()
+    """Evaluations whose headline goes good, best, worse (by the task's direction): the best one,
+    best_step and best_<metric> are the middle one's, not the latest's."""
+    task = tasks.load(tasks.DEFAULT)
     cfg = tiny_config(data_dir, tmp_path)
+    monitor, mode = f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
     values = [0.5, 0.9, 0.7] if task.higher_is_better else [0.7, 0.1, 0.5]
-    evaluation, variable, checkpoint, best_manager = periodic_evaluation(cfg, tmp_path, [])
-    names = evaluation.metric_names
-    for step, value in zip((10, 20, 30), values):
-        variable.assign(step)  # what the checkpoint of this evaluation holds
-        evaluation.record(step, {name: value for name in names})
-    assert evaluation.best() == {"step": 20, **{name: values[1] for name in names}}
-    summary = evaluation.summary()
+    names = metric_names(cfg, task, input_pipeline.read_manifest(cfg.data.dir, task, cfg.data))
+    history = []
+    best = [
+        callbacks.record_evaluation(history, step, dict.fromkeys(names, value), names, monitor, mode)
+        for step, value in zip((10, 20, 30), values)
+    ]
+    assert best == [True, True, False]
+    assert callbacks.best_evaluation(history, monitor, mode) == {"step": 20, **dict.fromkeys(names, values[1])}
+    summary = callbacks.evaluation_summary(history, monitor, mode)
     assert summary["best_step"] == 20 and summary[f"best_{task.headline_metric}"] == values[1]
-    variable.assign(0)
-    checkpoint.restore(best_manager.latest_checkpoint).assert_consumed()
-    assert best_manager.latest_checkpoint.endswith("ckpt-20") and float(variable.numpy()) == 20.0
+    # A rerun's evaluation of a step replaces that step's entry.
+    callbacks.record_evaluation(history, 30, dict.fromkeys(names, values[1]), names, monitor, mode)
+    assert [entry["step"] for entry in history] == [10, 20, 30]
+
+
+class Evaluations(callbacks.BetweenExecutions):
+    """Puts scripted `eval_loss` values into the logs every `every` steps, as PeriodicEvaluation does."""
+
+    def __init__(self, every, values):
+        super().__init__(0)
+        self.every, self.values = every, iter(values)
+
+    def on_execution_end(self, step, previous, logs):
+        if callbacks.crossed(self.every, previous, step):
+            logs["eval_loss"] = next(self.values)
+
+
+@pytest.mark.parametrize(
+    "mode, values, min_delta, stop_step",
+    [
+        ("min", [1.0, 1.0, 1.0, 1.0], 0.0, 12),  # no change: the third evaluation stops it
+        ("min", [1.0, 0.9, 0.95, 0.8, 0.85, 0.9], 0.0, 24),  # improvements reset the count
+        ("min", [1.0, 0.999, 0.998, 0.5], 0.01, 12),  # smaller than min_delta is no improvement
+        ("max", [1.0, 0.9, 0.8, 2.0], 0.0, 12),  # higher is better: falling is no improvement
+        ("min", [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1], 0.0, None),  # never stops
+    ],
+)
+def test_early_stopping_after_patience_evaluations_without_improvement(
+    float32_policy, mode, values, min_delta, stop_step
+):
+    report = callbacks.Report(step=0)
+    stopping = callbacks.EarlyStopping(0, "eval_loss", mode, 2, min_delta, [], report)
+    model = fit([Evaluations(4, values), stopping], steps=40, steps_per_execution=2)
+    stopped = int(model.optimizer.iterations.numpy())
+    if stop_step is None:
+        assert stopped == 40 and report.stop is None
+    else:
+        assert stopped == stop_step and report.stop.end == goodput.STOPPED_EARLY
+        assert "did not improve" in report.stop.detail and "train.early_stop_patience=2" in report.stop.detail
+
+
+def test_early_stopping_counts_on_from_the_runs_earlier_evaluations(float32_policy):
+    """A resumed run: one evaluation without improvement before the restart, so one more stops it."""
+    report = callbacks.Report(step=0)
+    history = [{"step": 4, "loss": 1.0}, {"step": 8, "loss": 1.0}]
+    stopping = callbacks.EarlyStopping(0, "eval_loss", "min", 2, 0.0, history, report)
+    model = fit([Evaluations(4, [1.0, 1.0]), stopping], steps=20, steps_per_execution=2)
+    assert int(model.optimizer.iterations.numpy()) == 4 and report.stop.end == goodput.STOPPED_EARLY

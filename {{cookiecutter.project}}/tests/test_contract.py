@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import PROJECT, config_file, finished_run_of, selected, task_sample, task_config
+from conftest import PROJECT, config_file, finished_run_of, task_sample, task_config
 from {{ cookiecutter.package }}.core import baselines, config, evaluation, input_pipeline, trainer
 from {{ cookiecutter.package }} import predict, tasks
 from {{ cookiecutter.package }}.core import task as task_lib
@@ -34,9 +34,8 @@ TASKS = tasks.available()
 
 @pytest.fixture(params=TASKS)
 def task_name(request):
-    """Each test runs once per task, with that task selected (and the project's own one after)."""
-    with selected(request.param):
-        yield request.param
+    """Each test runs once per task."""
+    return request.param
 
 
 @pytest.fixture
@@ -51,17 +50,17 @@ def contract_run(task_name, tmp_path_factory):
 
 def test_each_shipped_config_names_its_task(task_name):
     for which in ("local", "tpu", "pod"):
-        loaded = config.load(str(config_file(task_name, which)))
-        assert loaded.task == task_name and tasks.current().name == task_name
+        loaded = config.load(str(config_file(task_name, which)), registry=tasks)
+        assert loaded.task == task_name
         assert config.dump(loaded).startswith(f"task: {task_name}\n")
 
 
 def test_parsed_batches_have_static_shapes_and_encoding_is_deterministic(task_name, sample, tmp_path):
-    task = tasks.current()
+    task = tasks.load(task_name)
     raw, data = sample
-    manifest = input_pipeline.read_manifest(str(data))
+    manifest = input_pipeline.read_manifest(str(data), task)
     files, counts = input_pipeline.split_files(str(data), manifest, "train")
-    features, targets = input_pipeline.make_dataset(files, counts, manifest, 8, training=True).element_spec
+    features, targets = input_pipeline.train_pipeline(files, counts, task, manifest, 8, seed=0).element_spec
     for spec in tf.nest.flatten((features, targets)):  # what the TPU compiles for: one static shape
         assert spec.shape.is_fully_defined() and spec.shape[0] == 8
     # encode -> parse: the first readable raw examples, encoded twice, parse to the same tensors, of the
@@ -86,7 +85,7 @@ def test_parsed_batches_have_static_shapes_and_encoding_is_deterministic(task_na
 
 
 def test_broken_inputs_are_rejected_and_listed(task_name, sample):
-    task = tasks.current()
+    task = tasks.load(task_name)
     _, data = sample
     manifest = json.loads((data / "manifest.json").read_text())
     rejected = [json.loads(line) for line in (data / "rejected.jsonl").read_text().splitlines()]
@@ -96,9 +95,10 @@ def test_broken_inputs_are_rejected_and_listed(task_name, sample):
 
 def test_a_config_the_shards_do_not_fit_is_one_line(task_name, sample, tmp_path):
     _, data = sample
-    cfg = task_config(task_name, data, tmp_path, tasks.current().testing().mismatch)
+    task = tasks.load(task_name)
+    cfg = task_config(task_name, data, tmp_path, task.testing().mismatch)
     with pytest.raises(UserError) as raised:
-        input_pipeline.read_manifest(str(data), cfg.data)
+        input_pipeline.read_manifest(str(data), task, cfg.data)
     assert "\n" not in str(raised.value) and str(data) in str(raised.value)
 
 
@@ -110,8 +110,8 @@ def test_training_lowers_the_eval_loss_and_keeps_the_best_headline(contract_run)
     is not chance: the run's initial weights, data order and shuffles are seeded, and the shipped
     tasks' eval losses fall to 0.33x-0.80x of the untrained ones here. Then the best periodic
     evaluation by the headline's direction."""
-    task = tasks.current()
     cfg, output, metrics, initial = contract_run
+    task = tasks.load(cfg.task)
     headline = task.headline_metric
     assert metrics["loss"] < 0.9 * initial["loss"], (initial, metrics)
     written = json.loads((output / "metrics.json").read_text())
@@ -127,7 +127,7 @@ def test_training_lowers_the_eval_loss_and_keeps_the_best_headline(contract_run)
 def test_preprocessing_scores_the_tasks_baselines_in_its_headline_metric(task_name, sample):
     """Every task declares at least one trivial baseline; the manifest keeps them, fitted on the train
     split and scored on the whole eval split of the small sample, in the headline metric."""
-    task = tasks.current()
+    task = tasks.load(task_name)
     manifest = json.loads((sample[1] / "manifest.json").read_text())
     found = manifest["baselines"]
     assert found["metric"] == task.headline_metric and found["higher_is_better"] == task.higher_is_better
@@ -139,8 +139,8 @@ def test_preprocessing_scores_the_tasks_baselines_in_its_headline_metric(task_na
 def test_a_run_reports_its_baselines_beside_its_evaluation(contract_run):
     """metrics.json keeps the baselines the run was judged against and whether it beat the best; the
     eval line names them with the verdict."""
-    task = tasks.current()
     cfg, output, _, _ = contract_run
+    task = tasks.load(cfg.task)
     manifest = json.loads((output / "export" / "assets.extra" / "manifest.json").read_text())
     written = json.loads((output / "metrics.json").read_text())
     found, value = manifest["baselines"], written[task.headline_metric]
@@ -148,7 +148,7 @@ def test_a_run_reports_its_baselines_beside_its_evaluation(contract_run):
     assert written["best_baseline"] == baselines.best(found)[0]
     beaten = (value >= baselines.best(found)[1]) if task.higher_is_better else (value <= baselines.best(found)[1])
     assert written["beats_best_baseline"] is beaten
-    line = evaluation.describe(written, ["loss"], found)
+    line = evaluation.describe(written, ["loss"], task, found)
     first = next(iter(found["scores"]))
     assert f"; baselines: {first} {found['scores'][first]:.4f}" in line
     assert line.endswith("(beaten)" if beaten else "(NOT beaten: see make doctor)")
@@ -168,10 +168,10 @@ def test_a_tasks_split_metrics_see_every_eval_example_once(task_name, sample, tm
     from {{ cookiecutter.package }}.core import distribute
     from {{ cookiecutter.package }}.core.model import build_model, compile_model, metric_names, step_metric_names
 
-    task = tasks.current()
+    task = tasks.load(task_name)
     _, data = sample
     cfg = task_config(task_name, data, tmp_path)
-    manifest = input_pipeline.read_manifest(str(data), cfg.data)
+    manifest = input_pipeline.read_manifest(str(data), task, cfg.data)
     seen = []
 
     def examples(outputs, targets):
@@ -183,16 +183,16 @@ def test_a_tasks_split_metrics_see_every_eval_example_once(task_name, sample, tm
 
     wanted = {"split_examples": examples, "split_mean_output": mean_output}
     monkeypatch.setattr(task, "split_metrics", lambda objective_config, manifest: wanted)
-    assert metric_names(cfg, manifest)[-2:] == list(wanted)
-    assert not set(wanted) & set(step_metric_names(cfg, manifest))
+    assert metric_names(cfg, task, manifest)[-2:] == list(wanted)
+    assert not set(wanted) & set(step_metric_names(cfg, task, manifest))
     resolved = distribute.resolve(cfg.runtime)
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
-    metrics = evaluation.evaluate_model(model, resolved.strategy, cfg, manifest)
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, 1)
+    metrics = evaluation.evaluate_model(model, resolved.strategy, cfg, task, manifest)
 
     files, counts = input_pipeline.split_files(str(data), manifest, "eval")
     outputs, targets = [], []
-    for features, batch_targets, weights in input_pipeline.make_dataset(files, counts, manifest, 16, training=False):
+    for features, batch_targets, weights in input_pipeline.eval_pipeline(files, counts, task, manifest, 16):
         real = weights.numpy() > 0
         outputs.append(tf.nest.flatten(model(features, training=False))[0].numpy()[real])
         targets.append(tf.nest.flatten(batch_targets)[0].numpy()[real])
@@ -209,16 +209,21 @@ def test_a_tasks_split_metrics_see_every_eval_example_once(task_name, sample, tm
 
 def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys, tmp_path):
     """Reruns a copy of the shared run: the run itself stays as trained for every other reader."""
-    task = tasks.current()
     cfg, shared, metrics, _ = contract_run
+    task = tasks.load(cfg.task)
     output = tmp_path / "run"
     shutil.copytree(shared, output)
     again = trainer.train(
-        config.load(str(output / "config.yaml"), ["train.steps_per_execution=auto", f"runtime.output_dir={output}"])
+        config.load(
+            str(output / "config.yaml"),
+            ["train.steps_per_execution=auto", f"runtime.output_dir={output}"],
+            registry=tasks,
+        ),
+        task,
     )
     printed = capsys.readouterr().out
     assert "resumed from step 48" in printed and "calibrating" not in printed
-    assert config.load(str(output / "config.yaml")).train.steps_per_execution == 4  # left as trained
+    assert config.load(str(output / "config.yaml"), registry=tasks).train.steps_per_execution == 4  # left as trained
     assert again["global_step"] == 48
     assert again[task.headline_metric] == pytest.approx(metrics[task.headline_metric], rel=1e-5)
     # metrics.json stays strict JSON with the history as trained (the last evaluation not repeated).
@@ -228,8 +233,8 @@ def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys,
 
 
 def test_the_export_alone_predicts(contract_run, sample, tmp_path):
-    task = tasks.current()
-    _, output, _, _ = contract_run
+    cfg, output, _, _ = contract_run
+    task = tasks.load(cfg.task)
     raw, _ = sample
     moved = tmp_path / "elsewhere"
     shutil.copytree(output / "export", moved / "export")  # no data folder, no checkpoints
@@ -251,12 +256,12 @@ def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(
     the trained model's logits (restored from the checkpoint, not from the export), and what `make
     predict` prints is the class they rank first with its probability; so predict's labels score
     the accuracy the run's final evaluation reported."""
-    task = tasks.current()
     from {{ cookiecutter.package }}.core import model as model_lib
     from {{ cookiecutter.package }}.core import precision
     from {{ cookiecutter.package }}.core.keras import keras
 
     cfg, output, metrics, _ = contract_run
+    task = tasks.load(cfg.task)
     raw, data = sample
     serve, manifest, export_dir = predict.load_export(str(output))
     files, _ = input_pipeline.split_files(str(data), manifest, "eval")
@@ -269,7 +274,7 @@ def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(
     policy = keras.mixed_precision.global_policy()
     precision.set_policy("bfloat16")  # as trained
     try:
-        model = model_lib.build_model(cfg, manifest)
+        model = model_lib.build_model(cfg, task, manifest)
     finally:
         keras.mixed_precision.set_global_policy(policy)
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(output / "checkpoints"))).expect_partial()
@@ -309,14 +314,14 @@ def test_label_smoothing_is_cross_entropy_against_smoothed_targets(task_name):
     log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     one_hot = np.eye(4)[targets]
     manifest = {"num_classes": 4, "label_names": list("abcd")}
-    with selected(task_name) as task:
-        for smoothing in (0.0, 0.1):
-            cfg = config.load(str(config_file(task_name)), [f"objective.label_smoothing={smoothing}"])
-            per_example = task.loss(cfg.objective, manifest).call(tf.constant(targets), tf.constant(logits))
-            smoothed = (1 - smoothing) * one_hot + smoothing / 4
-            np.testing.assert_allclose(per_example.numpy(), -(smoothed * log_softmax).sum(axis=1), rtol=1e-5)
-        with pytest.raises(UserError, match=r"objective.label_smoothing must be in \[0, 1\), got 1.0"):
-            config.load(str(config_file(task_name)), ["objective.label_smoothing=1.0"])
+    task = tasks.load(task_name)
+    for smoothing in (0.0, 0.1):
+        cfg = config.load(str(config_file(task_name)), [f"objective.label_smoothing={smoothing}"], registry=tasks)
+        per_example = task.loss(cfg.objective, manifest).call(tf.constant(targets), tf.constant(logits))
+        smoothed = (1 - smoothing) * one_hot + smoothing / 4
+        np.testing.assert_allclose(per_example.numpy(), -(smoothed * log_softmax).sum(axis=1), rtol=1e-5)
+    with pytest.raises(UserError, match=r"objective.label_smoothing must be in \[0, 1\), got 1.0"):
+        config.load(str(config_file(task_name)), ["objective.label_smoothing=1.0"], registry=tasks)
 
 
 if not SMOOTHING:  # an empty parametrization would be reported as a skip

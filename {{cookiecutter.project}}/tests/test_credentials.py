@@ -15,7 +15,7 @@ from google.api_core import exceptions as api_exceptions
 
 from conftest import PROJECT
 from {{ cookiecutter.package }} import doctor, evaluate, predict, preprocess, train
-from {{ cookiecutter.package }}.core import gcp
+from {{ cookiecutter.package }}.core import errors, gcp
 from {{ cookiecutter.package }}.core.errors import UserError, run_cli
 
 BUCKET = "gs://my-tpu-bucket"
@@ -30,7 +30,7 @@ def no_credentials(monkeypatch, tmp_path):
     for name in CLEARED:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # an empty gcloud config: no ADC file
-    monkeypatch.setattr(gcp, "_identity", None)
+    monkeypatch.setattr(errors, "identity", None)
     if gcp.on_google_cloud():
         pytest.skip("on a Google Cloud VM the VM's service account is a credential")
     return os.environ.copy()
@@ -156,7 +156,7 @@ def test_tpu_targets_need_a_gcloud_login(no_credentials, tmp_path, gcloud):
     ids=["beam", "tensorflow"],
 )
 def test_a_403_names_the_bucket_and_the_identity(monkeypatch, capsys, error):
-    monkeypatch.setattr(gcp, "_identity", "trainer@acme.iam.gserviceaccount.com")
+    monkeypatch.setattr(errors, "identity", "trainer@acme.iam.gserviceaccount.com")
 
     def main(argv):
         raise error

@@ -38,11 +38,11 @@ def check(
     base = [f"data.dir={data_dir}", *DATA_OVERRIDES]
     if output_dir or tmp_path:
         base.append(f"runtime.output_dir={output_dir or tmp_path / 'run'}")
-    cfg = config.load(str(CONFIGS / config_file), [*base, *overrides])
+    cfg = config.load(str(CONFIGS / config_file), [*base, *overrides], registry=tasks)
     if tpu_type and target == "auto":
         target = "tpu"
     found = engine.resolve_target(cfg, target=target, tpu_type=tpu_type, on_tpu_vm=on_tpu_vm)
-    results = engine.run_rules(engine.Context(cfg, found, on_tpu_vm=on_tpu_vm))
+    results = engine.run_rules(engine.Context(cfg, tasks.load(tasks.DEFAULT), found, on_tpu_vm=on_tpu_vm))
     return {result.rule: result for result in results}
 
 
@@ -124,7 +124,7 @@ def test_report_is_one_line_per_rule_with_the_fix():
 def test_local_defaults_have_no_failure(data_dir, tmp_path):
     results = check(data_dir, tmp_path=tmp_path)
     assert failures(results) == []
-    assert set(results) == {name for name, _, _ in [*engine.RULES, *engine.task_rules()]}
+    assert set(results) == {name for name, _, _ in [*engine.RULES, *engine.task_rules(tasks.load(tasks.DEFAULT))]}
 
 
 @pytest.mark.parametrize("config_file", TPU_CONFIGS)
@@ -149,7 +149,7 @@ def test_tpu_configs_have_no_failure(config_file, data_dir, gcs_bucket, tmp_path
 
 
 def test_target_follows_the_strategy_and_the_machine():
-    cfg = config.load(str(CONFIGS / "local.yaml"), ["runtime.cpu_devices=4"])
+    cfg = config.load(str(CONFIGS / "local.yaml"), ["runtime.cpu_devices=4"], registry=tasks)
     assert engine.resolve_target(cfg).replicas == 4
     assert engine.resolve_target(cfg).kind == "cpu"
     default = topology.topology(topology.DEFAULT_TPU_TYPE)
@@ -158,11 +158,11 @@ def test_target_follows_the_strategy_and_the_machine():
     pod = engine.resolve_target(cfg, target="tpu", tpu_type="v4-32")
     assert (pod.kind, pod.replicas, pod.hosts) == ("tpu", 16, 4)
     assert engine.resolve_target(cfg, tpu_type="v4-32").kind == "cpu"  # the type alone does not make a TPU target
-    forced = config.load(str(CONFIGS / "local.yaml"), ["runtime.strategy=tpu"])
+    forced = config.load(str(CONFIGS / "local.yaml"), ["runtime.strategy=tpu"], registry=tasks)
     assert engine.resolve_target(forced).kind == "tpu"
-    cpu = config.load(str(CONFIGS / "local.yaml"), ["runtime.strategy=cpu"])
+    cpu = config.load(str(CONFIGS / "local.yaml"), ["runtime.strategy=cpu"], registry=tasks)
     assert engine.resolve_target(cpu, on_tpu_vm=True).kind == "cpu"
-    named = config.load(str(CONFIGS / "local.yaml"), ["runtime.tpu=my-pod"])
+    named = config.load(str(CONFIGS / "local.yaml"), ["runtime.tpu=my-pod"], registry=tasks)
     assert engine.resolve_target(named).kind == "tpu"
 
 
@@ -174,8 +174,8 @@ def test_the_hints_name_the_configs_of_the_task_checked(data_dir, tmp_path, monk
     for the project's own task, configs/<task>/tpu.yaml for one added with make new-task."""
     results = check(data_dir, tmp_path=tmp_path, target="cpu")
     assert "`make doctor CONFIG=configs/tpu.yaml`" in results["model.feature_dims"].message
-    assert config.shipped_config(tasks.DEFAULT, "pod") == "configs/pod.yaml"
-    task = tasks.current()
+    assert config.shipped_config(tasks.DEFAULT, "pod", registry=tasks) == "configs/pod.yaml"
+    task = tasks.load(tasks.DEFAULT)
     monkeypatch.setattr(task, "name", "tagging")
     results = check(data_dir, tmp_path=tmp_path, target="cpu")
     for name in ("model.feature_dims", "model.narrow_layers"):
@@ -234,12 +234,14 @@ def test_the_real_input_has_static_shapes(data_dir, tmp_path):
 def test_input_without_drop_remainder_fails(data_dir, tmp_path, monkeypatch):
     from {{ cookiecutter.package }}.core import input_pipeline
 
-    real = input_pipeline.make_dataset
+    def dynamic(real):
+        def unbatched(*args, **kwargs):
+            return real(*args, **kwargs).unbatch().batch(kwargs.get("batch_size", args[4]))  # no drop_remainder
 
-    def dynamic(*args, **kwargs):
-        return real(*args, **kwargs).unbatch().batch(kwargs.get("batch_size", args[3]))  # no drop_remainder
+        return unbatched
 
-    monkeypatch.setattr(input_pipeline, "make_dataset", dynamic)
+    for name in ("train_pipeline", "eval_pipeline"):
+        monkeypatch.setattr(input_pipeline, name, dynamic(getattr(input_pipeline, name)))
     rule = check(data_dir, tmp_path=tmp_path)["input.static_shapes"]
     assert rule.status == engine.FAIL and "drop_remainder=True" in rule.fix
 
@@ -276,9 +278,12 @@ def test_unreadable_or_mismatched_manifest_fails(data_dir, tmp_path):
     rule = check(data_dir, tmp_path=tmp_path)["data.manifest"]
     assert rule.status == engine.PASS
     # A config the shards do not fit (the task's own example): a FAIL whose fix names the key.
-    mismatch = tasks.current().testing().mismatch
-    wrong = config.load(str(CONFIGS / "local.yaml"), [f"data.dir={data_dir}", *DATA_OVERRIDES, mismatch])
-    rule = data_rules.data_manifest(engine.Context(wrong, engine.resolve_target(wrong)))
+    task = tasks.load(tasks.DEFAULT)
+    mismatch = task.testing().mismatch
+    wrong = config.load(
+        str(CONFIGS / "local.yaml"), [f"data.dir={data_dir}", *DATA_OVERRIDES, mismatch], registry=tasks
+    )
+    rule = data_rules.data_manifest(engine.Context(wrong, task, engine.resolve_target(wrong)))
     assert rule.status == engine.FAIL
     assert mismatch.split("=")[0] in rule.message + rule.fix
 
@@ -291,8 +296,8 @@ def test_few_small_shards_warn(data_dir, tmp_path):
 
 
 def _context_with_shards(files: int, shard_mb: float, tpu_type: str = "v4-32") -> engine.Context:
-    cfg = config.load(str(CONFIGS / "local.yaml"), ["data.dir=gs://bucket/data"])
-    context = engine.Context(cfg, engine.resolve_target(cfg, target="tpu", tpu_type=tpu_type))
+    cfg = config.load(str(CONFIGS / "local.yaml"), ["data.dir=gs://bucket/data"], registry=tasks)
+    context = engine.Context(cfg, tasks.load(cfg.task), engine.resolve_target(cfg, target="tpu", tpu_type=tpu_type))
     split = {"files": [f"train-{i}" for i in range(files)], "bytes": int(files * shard_mb * 2**20)}
     context.__dict__["manifest_or_error"] = ({"splits": {"train": split, "eval": split}}, "", "")
     return context
@@ -315,8 +320,10 @@ def test_local_data_on_a_multi_host_slice_fails(data_dir, tmp_path):
     assert results["run.location"].status == engine.WARN
     assert "for 4 reading hosts" in results["data.shard_count"].message
     assert check(data_dir, tmp_path=tmp_path, tpu_type="v4-8")["data.location"].status == engine.PASS
-    remote = config.load(str(CONFIGS / "local.yaml"), ["data.dir=gs://bucket/data"])
-    context = engine.Context(remote, engine.resolve_target(remote, target="tpu", tpu_type="v4-32"))
+    remote = config.load(str(CONFIGS / "local.yaml"), ["data.dir=gs://bucket/data"], registry=tasks)
+    context = engine.Context(
+        remote, tasks.load(remote.task), engine.resolve_target(remote, target="tpu", tpu_type="v4-32")
+    )
     assert data_rules.data_location(context).status == engine.PASS
 
 
@@ -484,7 +491,7 @@ def test_host_input_capacity_against_the_last_run(data_dir, tmp_path):
 def test_doctor_warns_when_the_last_run_did_not_beat_its_best_baseline(data_dir, tmp_path):
     """train.baselines reads the last run's metrics.json: below the best baseline is a warning with
     what to try, at or above it a pass, no run a skip."""
-    task = tasks.current()
+    task = tasks.load(tasks.DEFAULT)
     found = json.loads((data_dir / "manifest.json").read_text())["baselines"]
     name, score = baselines.best(found)
     worse, better = (score - 0.05, score) if task.higher_is_better else (score * 1.5, score * 0.9)

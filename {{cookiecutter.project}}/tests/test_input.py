@@ -17,6 +17,8 @@ from {{ cookiecutter.package }}.core import config, distribute, input_pipeline, 
 from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core.errors import UserError
 
+TASK = tasks.load(tasks.DEFAULT)
+
 
 def load_manifest(data_dir):
     return json.loads((data_dir / "manifest.json").read_text())
@@ -25,7 +27,7 @@ def load_manifest(data_dir):
 def test_training_batches_have_static_shapes(data_dir):
     manifest = load_manifest(data_dir)
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "train")
-    dataset = input_pipeline.make_dataset(files, counts, manifest, 12, training=True)
+    dataset = input_pipeline.train_pipeline(files, counts, TASK, manifest, 12, seed=0)
     specs = tf.nest.flatten(dataset.element_spec)  # features and targets
     for spec in specs:  # what the TPU compiles for: one static shape
         assert spec.shape.is_fully_defined() and spec.shape[0] == 12
@@ -42,12 +44,12 @@ def read_pass(
     global_batch = per_replica_batch * replicas_per_pipeline * num_pipelines
     examples, batches = [], []
     for pipeline_id in range(num_pipelines):
-        dataset = input_pipeline.make_dataset(
+        dataset = input_pipeline.eval_pipeline(
             files,
             counts,
+            TASK,
             manifest,
             per_replica_batch,
-            training=False,
             pipeline_id=pipeline_id,
             num_pipelines=num_pipelines,
             replicas_per_pipeline=replicas_per_pipeline,
@@ -87,7 +89,7 @@ def test_every_record_is_read_exactly_once_across_hosts(data_dir, num_pipelines,
 
 def distributed_eval_examples(strategy, data_dir, manifest) -> collections.Counter:
     """The real examples of the eval split as training's evaluation reads them (all replicas)."""
-    dataset, _ = input_pipeline.distributed_dataset(strategy, str(data_dir), manifest, "eval", 32, training=False)
+    dataset, _ = input_pipeline.distributed_dataset(strategy, str(data_dir), TASK, manifest, "eval", 32, training=False)
     examples = []
     for batch in dataset:
         for features, targets, weights in zip(*(strategy.experimental_local_results(part) for part in batch)):
@@ -110,11 +112,11 @@ def test_gzip_shards_read_like_plain_ones(raw_dir, data_dir, tmp_path):
     assert manifest["compression"] == "gzip" and all(
         name.endswith(".tfrecord.gz") for split in manifest["splits"].values() for name in split["files"]
     )
-    strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime).strategy
+    strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"], registry=tasks).runtime).strategy
     gzipped = distributed_eval_examples(strategy, tmp_path, manifest)
     assert gzipped == distributed_eval_examples(strategy, data_dir, load_manifest(data_dir))
     assert sum(gzipped.values()) == manifest["splits"]["eval"]["num_examples"]
-    dataset, _ = input_pipeline.distributed_dataset(strategy, str(tmp_path), manifest, "train", 32, training=True)
+    dataset, _ = input_pipeline.distributed_dataset(strategy, str(tmp_path), TASK, manifest, "train", 32, training=True)
     first = strategy.experimental_local_results(tf.nest.flatten(next(iter(dataset)))[0])
     assert len(first) == 8 and all(tensor.shape[0] == 4 for tensor in first)
     # `make bench` reads them too: its naive baseline's first pass over the train split gives the
@@ -123,7 +125,7 @@ def test_gzip_shards_read_like_plain_ones(raw_dir, data_dir, tmp_path):
 
     def one_pass_of_targets(data, manifest):
         files, _ = input_pipeline.split_files(str(data), manifest, "train")
-        dataset = bench_input.naive_dataset(files, manifest, 1, manifest["compression"])
+        dataset = bench_input.naive_dataset(files, TASK, manifest, 1, manifest["compression"])
         count = manifest["splits"]["train"]["num_examples"]
         return collections.Counter(
             tuple(tensor.numpy().ravel().tolist())
@@ -136,10 +138,10 @@ def test_gzip_shards_read_like_plain_ones(raw_dir, data_dir, tmp_path):
 
 def test_distributed_batches_are_per_replica(data_dir):
     manifest = load_manifest(data_dir)
-    resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime)
+    resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"], registry=tasks).runtime)
     assert resolved.replicas == 8
     dataset, steps = input_pipeline.distributed_dataset(
-        resolved.strategy, str(data_dir), manifest, "eval", 32, training=False
+        resolved.strategy, str(data_dir), TASK, manifest, "eval", 32, training=False
     )
     inputs, labels, weights = next(iter(dataset))
     per_replica = resolved.strategy.experimental_local_results(tf.nest.flatten(inputs)[0])
@@ -148,7 +150,7 @@ def test_distributed_batches_are_per_replica(data_dir):
 
 
 def test_batch_that_does_not_divide_is_refused():
-    resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime)
+    resolved = distribute.resolve(config.load(None, ["runtime.strategy=cpu"], registry=tasks).runtime)
     with pytest.raises(
         UserError,
         match="train.global_batch_size=100 does not divide across 8 replicas; use a multiple of 8, e.g. 96 or 104",
@@ -158,10 +160,10 @@ def test_batch_that_does_not_divide_is_refused():
 
 def test_manifest_problems_are_one_clear_error(data_dir, tmp_path):
     with pytest.raises(UserError, match="no manifest.json in .*run `make preprocess`"):
-        input_pipeline.read_manifest(str(tmp_path))
-    mismatch = tasks.current().testing().mismatch
+        input_pipeline.read_manifest(str(tmp_path), TASK)
+    mismatch = TASK.testing().mismatch
     with pytest.raises(UserError, match=re.escape(mismatch)):
-        input_pipeline.read_manifest(str(data_dir), config.load(None, [mismatch]).data)
+        input_pipeline.read_manifest(str(data_dir), TASK, config.load(None, [mismatch], registry=tasks).data)
     manifest = load_manifest(data_dir)
     for index, (change, message) in enumerate(
         [
@@ -173,10 +175,10 @@ def test_manifest_problems_are_one_clear_error(data_dir, tmp_path):
         broken.mkdir()
         (broken / "manifest.json").write_text(json.dumps({**manifest, **change}))
         with pytest.raises(UserError, match=message):
-            input_pipeline.read_manifest(str(broken))
+            input_pipeline.read_manifest(str(broken), TASK)
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(UserError, match="is not valid JSON"):
-        input_pipeline.read_manifest(str(tmp_path))
+        input_pipeline.read_manifest(str(tmp_path), TASK)
 
 
 def test_a_cpu_machine_starts_without_the_cuda_probes_error_line():
@@ -338,7 +340,9 @@ def test_data_cache_auto_keeps_a_split_in_memory_only_when_its_known_size_fits_t
         monkeypatch.setattr(input_pipeline, "CACHE_LIMIT_BYTES", budget)
         monkeypatch.delitem(input_pipeline._TABLES, table, raising=False)
         described = {**manifest, "splits": {**manifest["splits"], "eval": split}}
-        input_pipeline.distributed_dataset(strategy, str(data_dir), described, "eval", 16, training=False, cache=cache)
+        input_pipeline.distributed_dataset(
+            strategy, str(data_dir), TASK, described, "eval", 16, training=False, cache=cache
+        )
         return table in input_pipeline._TABLES
 
     assert 0 < size < input_pipeline.cache_budget() // 2  # the budget below is the limit, not the host
@@ -352,8 +356,6 @@ def test_a_resume_under_gradient_accumulation_feeds_what_the_uninterrupted_run_f
     """With 3 micro-batches per update, the training input rebuilt 2 steps in (what a resume builds)
     feeds every replica, micro-batch by micro-batch, what the uninterrupted input feeds at its steps
     2 and 3: an update takes 3 global batches from the order, and the position counts them all."""
-    from {{ cookiecutter.package }}.core import trainer
-
     manifest = load_manifest(data_dir)
     cfg = config.load(
         None,
@@ -363,11 +365,12 @@ def test_a_resume_under_gradient_accumulation_feeds_what_the_uninterrupted_run_f
             "train.global_batch_size=16",
             "train.gradient_accumulation_steps=3",
         ],
+        registry=tasks,
     )
     resolved = distribute.resolve(cfg.runtime)
 
     def steps_from(start_step: int, steps: int) -> list[list]:
-        batches = iter(trainer.training_dataset(cfg, resolved, manifest, seed=5, start_step=start_step))
+        batches = iter(input_pipeline.training_dataset(cfg, TASK, resolved, manifest, seed=5, start_step=start_step))
         return [
             [
                 part.numpy()
@@ -385,9 +388,9 @@ def test_a_resume_under_gradient_accumulation_feeds_what_the_uninterrupted_run_f
 
 
 def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(data_dir, tmp_path):
-    from {{ cookiecutter.package }}.core import input_cursor
+    from {{ cookiecutter.package }}.core import input_cursor, run_dir
 
-    cfg = config.load(None, [f"data.dir={data_dir}"])
+    cfg = config.load(None, [f"data.dir={data_dir}"], registry=tasks)
     manifest = load_manifest(data_dir)
     layout = input_cursor.layout(cfg, manifest, input_pipelines=1, replicas=8)
     step = tf.Variable(120, dtype=tf.int64)
@@ -412,7 +415,6 @@ def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(da
     assert (reseeded.seed, reseeded.from_step) == (cfg.runtime.seed + 120, 120) and "shuffle_window" in reseeded.note
     # A checkpoint written before cursors: the trainer's restore takes it (the model and optimizer),
     # and the run resumes in an order seeded by the step, and says so.
-    from {{ cookiecutter.package }}.core import trainer
     from {{ cookiecutter.package }}.core.keras import keras
 
     def model_and_optimizer():
@@ -428,7 +430,7 @@ def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(da
     cursor = input_cursor.InputCursor(layout, step=lambda: 0)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, input=cursor)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "old"), 2)
-    assert trainer.restore_newest_readable(checkpoint, manager, cursor).endswith("ckpt-5")
+    assert run_dir.restore_newest_readable(checkpoint, manager, cursor).endswith("ckpt-5")
     assert not input_cursor.saved_in(manager.latest_checkpoint) and input_cursor.saved_in(path)
     order = cursor.resume(120, reseed=False)
     assert cursor.restored is None and order.from_step == 120 and "holds no input position" in order.note

@@ -222,6 +222,7 @@ def test_a_plan_passes_warns_and_fails_at_its_boundaries():
 def test_a_v3_replica_is_one_tensorcore_planned_against_half_the_chip():
     """v2 and v3 chips are two TensorCores, each its own replica with half the chip's HBM; the doctor
     plans a replica against its TensorCore's share and reports the chip as two of them."""
+    from {{ cookiecutter.package }} import tasks
     from {{ cookiecutter.package }}.core import config, topology
     from {{ cookiecutter.package }}.core.topology import Target
     from {{ cookiecutter.package }}.doctor import memory as memory_rule
@@ -230,8 +231,8 @@ def test_a_v3_replica_is_one_tensorcore_planned_against_half_the_chip():
     assert topology.chip("v2-8").replica_hbm_bytes == 8 * 2**30
     assert topology.chip("v3-8").replica_hbm_bytes == 16 * 2**30
     assert topology.chip("v4-8").replica_hbm_bytes == 32 * 2**30
-    cfg = config.load(None, ["runtime.mixed_precision=bfloat16", "train.global_batch_size=64"])
-    verdict = memory_rule.verdict(Context(cfg, Target("tpu", 8, 1, tpu_type="v3-8", chips=4)))
+    cfg = config.load(None, ["runtime.mixed_precision=bfloat16", "train.global_batch_size=64"], registry=tasks)
+    verdict = memory_rule.verdict(Context(cfg, tasks.load(cfg.task), Target("tpu", 8, 1, tpu_type="v3-8", chips=4)))
     assert "of 32.0 GiB HBM per v3 chip" in verdict.message
     assert "of 16.0 GiB per TensorCore, x2" in verdict.message, verdict.message
 
@@ -240,14 +241,15 @@ def test_out_of_memory_is_one_line_with_the_estimate_the_hbm_and_the_levers():
     from {{ cookiecutter.package }} import tasks
     from {{ cookiecutter.package }}.core import config
     from {{ cookiecutter.package }}.core.topology import Target
-    from {{ cookiecutter.package }}.core.trainer import out_of_memory
+    from {{ cookiecutter.package }}.core.levers import out_of_memory
 
-    cfg = config.load(None, ["train.global_batch_size=128", "runtime.mixed_precision=bfloat16"])
-    manifest = tasks.current().nominal_manifest(cfg.data)
+    cfg = config.load(None, ["train.global_batch_size=128", "runtime.mixed_precision=bfloat16"], registry=tasks)
+    task = tasks.load(cfg.task)
+    manifest = task.nominal_manifest(cfg.data)
     error = tf.errors.ResourceExhaustedError(
         None, None, "Ran out of memory in memory space hbm. Used 17.2G of 15.75G hbm.\nBuffer 1: ..."
     )
-    message = out_of_memory(cfg, manifest, Target("tpu", 8, 1, tpu_type="v5litepod-8", chips=8), error)
+    message = out_of_memory(cfg, task, manifest, Target("tpu", 8, 1, tpu_type="v5litepod-8", chips=8), error)
     assert "\n" not in message
     assert message.startswith("out of device memory at 16 examples per replica (Ran out of memory in memory space hbm")
     assert "GiB per replica (weights" in message and "of 14.9 GiB HBM" in message

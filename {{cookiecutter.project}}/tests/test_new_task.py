@@ -43,7 +43,8 @@ def test_new_task_writes_the_skeleton_under_its_name_and_the_task_loads(copy):
     done = run(copy, "-m", f"{PACKAGE}.new_task", NAME)
     assert done.returncode == 0, done.stderr
     written = files_under(copy) - before
-    expected = {f"configs/{NAME}/{name}.yaml" for name in ("local", "tpu", "pod")} | {f"tests/test_task_{NAME}.py"}
+    expected = {f"configs/{NAME}/{name}.yaml" for name in ("base", "local", "tpu", "pod")}
+    expected |= {f"tests/test_task_{NAME}.py"}
     expected |= {
         f"src/{PACKAGE}/tasks/{NAME}/{path}"
         for path in files_under(skeleton)
@@ -60,16 +61,16 @@ def test_new_task_writes_the_skeleton_under_its_name_and_the_task_loads(copy):
     ]
     assert f"task {NAME} added" in done.stdout and f"CONFIG=configs/{NAME}/local.yaml" in done.stdout
 
-    # Found by folder: its config selects it, and its sample data is written from it.
+    # Found by folder: its config names it, and its sample data is written from it.
     probe = (
         f"from {PACKAGE} import tasks; from {PACKAGE}.core import config; "
-        f"print(sorted(tasks.available())); cfg = config.load('configs/{NAME}/local.yaml'); "
-        "print(tasks.current().name, cfg.data.raw)"
+        f"print(sorted(tasks.available())); cfg = config.load('configs/{NAME}/local.yaml', registry=tasks); "
+        "print(tasks.load(cfg.task).name, cfg.data.raw)"
     )
     loaded = run(copy, "-c", probe)
     assert loaded.returncode == 0, loaded.stderr
-    available, selected = loaded.stdout.splitlines()
-    assert NAME in available and selected.split()[0] == NAME, loaded.stdout
+    available, named = loaded.stdout.splitlines()
+    assert NAME in available and named.split()[0] == NAME, loaded.stdout
     sample = run(
         copy,
         "-m",

@@ -25,8 +25,8 @@ def exhausting(build, step: str):
     """`build` (a build_model) whose models run out of memory in every call of `step` ('train_step'
     or 'test_step'), before the real step."""
 
-    def build_exhausting(cfg, manifest):
-        model = build(cfg, manifest)
+    def build_exhausting(cfg, task, manifest):
+        model = build(cfg, task, manifest)
         real_step = getattr(model, step)
 
         def exhausted_step(data):
@@ -70,7 +70,7 @@ def test_out_of_memory_during_calibration_is_one_line(data_dir, tmp_path, monkey
     )
     monkeypatch.setattr(trainer, "build_model", exhausting(trainer.build_model, "train_step"))
     with pytest.raises(UserError) as raised:
-        trainer.train(cfg)
+        trainer.train(cfg, tasks.load(cfg.task))
     assert_one_line(
         raised, cfg, ("trainer.py", "settle_steps_per_execution"), ("steps_per_execution.py", "loop_function")
     )
@@ -80,7 +80,7 @@ def test_out_of_memory_in_the_first_execution_is_one_line(data_dir, tmp_path, mo
     cfg = exhausting_config(data_dir, tmp_path)
     monkeypatch.setattr(trainer, "build_model", exhausting(trainer.build_model, "train_step"))
     with pytest.raises(UserError) as raised:
-        trainer.train(cfg)
+        trainer.train(cfg, tasks.load(cfg.task))
     assert_one_line(raised, cfg, ("trainer.py", "fit"))
 
 
@@ -88,7 +88,7 @@ def test_out_of_memory_in_a_periodic_evaluation_is_one_line(data_dir, tmp_path, 
     cfg = exhausting_config(data_dir, tmp_path, "train.total_steps=8", "train.eval_every=4")
     monkeypatch.setattr(trainer, "build_model", exhausting(trainer.build_model, "test_step"))
     with pytest.raises(UserError) as raised:
-        trainer.train(cfg)
+        trainer.train(cfg, tasks.load(cfg.task))
     assert_one_line(
         raised, cfg, ("trainer.py", "fit"), ("callbacks.py", "on_execution_end"), ("evaluation.py", "evaluate_model")
     )
@@ -99,8 +99,8 @@ def test_out_of_memory_in_the_final_evaluation_make_eval_and_the_export_is_one_l
     with monkeypatch.context() as patch:
         patch.setattr(trainer, "build_model", exhausting(trainer.build_model, "test_step"))
         with pytest.raises(UserError) as raised:
-            trainer.train(cfg)
-    assert_one_line(raised, cfg, ("trainer.py", "finish"), ("evaluation.py", "evaluate_model"))
+            trainer.train(cfg, tasks.load(cfg.task))
+    assert_one_line(raised, cfg, ("trainer.py", "final_evaluation"), ("evaluation.py", "evaluate_model"))
     # The last checkpoint was saved before the evaluation: `make eval` evaluates it.
     with monkeypatch.context() as patch:
         patch.setattr(evaluate, "build_model", exhausting(evaluate.build_model, "test_step"))
@@ -112,24 +112,24 @@ def test_out_of_memory_in_the_final_evaluation_make_eval_and_the_export_is_one_l
     def serving_signature(*args):
         raise tf.errors.ResourceExhaustedError(None, None, "Ran out of memory in memory space hbm")
 
-    monkeypatch.setattr(tasks.current(), "serving_signature", serving_signature)
+    monkeypatch.setattr(tasks.load(cfg.task), "serving_signature", serving_signature)
     with pytest.raises(UserError) as raised:
-        trainer.train(config.load(str(tmp_path / "config.yaml")))
+        trainer.train(config.load(str(tmp_path / "config.yaml"), registry=tasks), tasks.load(cfg.task))
     assert_one_line(raised, cfg, ("trainer.py", "finish"), ("run_dir.py", "export"))
 
 
 def test_the_levers_are_those_the_config_does_not_use_yet():
-    plain = config.load(None, ["train.optimizer=adamw", "model.remat=false"])
+    plain = config.load(None, ["train.optimizer=adamw", "model.remat=false"], registry=tasks)
     assert [lever.setting for lever in levers.unused(plain, "float32")] == [
         "model.remat=true",
         "train.optimizer=adafactor",
         "runtime.mixed_precision=bfloat16",
     ]
-    pulled = config.load(None, ["train.optimizer=adafactor", "model.remat=true"])
+    pulled = config.load(None, ["train.optimizer=adafactor", "model.remat=true"], registry=tasks)
     assert levers.unused(pulled, "bfloat16") == []
     assert levers.describe(pulled, "bfloat16") == levers.ACCUMULATION.describe()
     assert all(lever.setting and lever.effect for lever in [*levers.LEVERS, levers.ACCUMULATION])
-    batched = config.load(None, ["train.global_batch_size=256", "train.gradient_accumulation_steps=2"])
+    batched = config.load(None, ["train.global_batch_size=256", "train.gradient_accumulation_steps=2"], registry=tasks)
     assert levers.accumulation(batched, 4) == "train.global_batch_size=64 train.gradient_accumulation_steps=8"
 
 

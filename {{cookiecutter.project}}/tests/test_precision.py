@@ -97,6 +97,7 @@ def test_auto_sets_the_policy_the_layers_compute_in(
     import tensorflow as tf
 
     from conftest import tiny_config
+    from {{ cookiecutter.package }} import tasks
     from {{ cookiecutter.package }}.core import input_pipeline
     from {{ cookiecutter.package }}.core.model import build_model
 
@@ -114,7 +115,8 @@ def test_auto_sets_the_policy_the_layers_compute_in(
     assert dense.kernel.dtype == dense.bias.dtype == "float32"
 
     cfg = tiny_config(data_dir, tmp_path)
-    model = build_model(cfg, input_pipeline.read_manifest(str(data_dir), cfg.data))
+    task = tasks.load(cfg.task)
+    model = build_model(cfg, task, input_pipeline.read_manifest(str(data_dir), task, cfg.data))
     weighted = [layer for layer in model.layers if layer.weights]
     computing = [layer.name for layer in weighted if layer.compute_dtype == compute]
     assert len(computing) > len(weighted) / 2, {layer.name: layer.compute_dtype for layer in weighted}

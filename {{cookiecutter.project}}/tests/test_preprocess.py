@@ -205,7 +205,7 @@ def test_runs_are_deterministic(raw_dir, reference, tmp_path):
     assert (tmp_path / "rejected.jsonl").read_bytes() == (first_dir / "rejected.jsonl").read_bytes()
     # The split of each example is the stable hash of its source.
     rejected = {json.loads(line)["source"] for line in (first_dir / "rejected.jsonl").read_text().splitlines()}
-    task = tasks.current()
+    task = tasks.load(tasks.DEFAULT)
     sources = [
         example.source
         for relative in task.list_raw(str(raw_dir)).units
@@ -248,7 +248,7 @@ def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path
     data.tokenizer_sample=5), the same ones on every run."""
     import pickle
 
-    task = tasks.current()
+    task = tasks.load(tasks.DEFAULT)
     bound = task.testing().fit_sample if task.needs_fit else ""
     assert bound or not task.needs_fit, f"{task.name}: a task with a fit declares Testing.fit_sample"
     by_split = {"train": [], "eval": []}
@@ -259,7 +259,7 @@ def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path
     seen = []
     for run in range(2):
         recording = RecordingFit(task, tmp_path / f"fit-{run}.pickle")
-        monkeypatch.setattr(tasks, "current", lambda recording=recording: recording)
+        monkeypatch.setattr(tasks, "load", lambda name, where="", recording=recording: recording)
         run_preprocess(raw_dir, tmp_path / f"out-{run}", *ARGS, *([bound] if bound else []))
         seen.append(pickle.loads(recording.record.read_bytes()))
     expected = int(bound.split("=")[1]) if bound else 5
@@ -286,7 +286,7 @@ def test_shards_are_not_runs_of_one_label(reference):
         assert repeats < 2.0 / manifest["num_classes"], (path, repeats)
 
 
-if not tasks.current().categorical_targets:  # no labels, no runs of one: the task tests its own order
+if not tasks.load(tasks.DEFAULT).categorical_targets:  # no labels, no runs of one: the task tests its own order
     del test_shards_are_not_runs_of_one_label
 
 

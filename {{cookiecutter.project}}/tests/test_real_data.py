@@ -15,7 +15,7 @@ import pytest
 from conftest import config_file
 from {{ cookiecutter.package }} import real_data, tasks
 from {{ cookiecutter.package }}.core.errors import UserError
-from {{ cookiecutter.package }}.core.task import RawExample
+from {{ cookiecutter.package }}.core.task import Corpus, RawExample
 
 NEWS = [
     ("http://www.bbc.co.uk/news/world-1", "Storm closes ports", "Ships stayed in harbour on Monday."),
@@ -29,7 +29,7 @@ REVIEWS = [
 ]
 
 
-def member_of(corpus: real_data.Corpus) -> bytes:
+def member_of(corpus: Corpus) -> bytes:
     """The corpus's file with a few rows, in the format of the one in the package's wheel."""
     if corpus.member.endswith("digits.csv.gz"):  # 64 pixel values from 0 to 16, then the digit
         rows = [",".join([f"{(i * 3 + digit) % 17}.0" for i in range(64)] + [str(digit)]) for digit in (0, 7, 7)]
@@ -48,7 +48,7 @@ def member_of(corpus: real_data.Corpus) -> bytes:
     return bz2.compress(text.getvalue().encode())
 
 
-def wheel_with(corpus: real_data.Corpus, folder: Path) -> Path:
+def wheel_with(corpus: Corpus, folder: Path) -> Path:
     wheel = folder / "package-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr(corpus.member, member_of(corpus))
@@ -57,14 +57,14 @@ def wheel_with(corpus: real_data.Corpus, folder: Path) -> Path:
 
 def examples_read(raw: Path) -> list:
     """What the task's own listing and reading make of the written raw input."""
-    task = tasks.current()
+    task = tasks.load(tasks.DEFAULT)
     read = []
     for unit in task.list_raw(str(raw)).units:
         read += list(task.read_raw(unit, (raw / unit).read_bytes()))
     return read
 
 
-CORPORA = real_data.corpora_of(tasks.DEFAULT)
+CORPORA = tasks.load(tasks.DEFAULT).corpora()  # a member of the task contract
 
 
 @pytest.mark.parametrize("name", sorted(CORPORA))

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PROJECT
 from {{ cookiecutter.package }}.core.errors import UserError
-from {{ cookiecutter.package }}.core.run_dir import RunRecord, read_metrics
+from {{ cookiecutter.package }}.core.run_dir import RunRecord
 
 # Writes a record, then a new one through the real write with a hook that kills the process at
 # `argv[2]`: half of the new content flushed to its file, or the content written but not yet renamed.
@@ -49,8 +49,24 @@ def test_updates_keep_what_they_do_not_renew(tmp_path):
     again = RunRecord(str(tmp_path))
     again.update(global_step=16)
     again.write()
-    assert read_metrics(str(tmp_path)) == {"calibration": {"steps_per_execution": 4}, "global_step": 16}
+    assert RunRecord(str(tmp_path)).values == {"calibration": {"steps_per_execution": 4}, "global_step": 16}
     assert [path.name for path in tmp_path.iterdir()] == ["metrics.json"]  # no temporary file left
+
+
+def test_the_keys_read_in_several_places_have_names(tmp_path):
+    record = RunRecord(str(tmp_path))
+    assert (record.starts, record.last_start, record.history, record.calibration) == ([], None, [], None)
+    starts = [{"initial_step": 0, "furthest_step": 8, "end": "preempted"}, {"initial_step": 8, "end": "finished"}]
+    record.update(
+        goodput={"per_start": starts},
+        history=[{"step": 4, "loss": 1.0}],
+        calibration={"steps_per_execution": 4},
+        examples_per_second=12.5,
+    )
+    record.write()
+    again = RunRecord(str(tmp_path))
+    assert again.starts == starts and again.last_start == starts[-1] and again.history == [{"step": 4, "loss": 1.0}]
+    assert again.calibration == {"steps_per_execution": 4} and again.examples_per_second == 12.5
 
 
 def test_a_broken_record_is_one_line_naming_the_file(tmp_path):
@@ -73,4 +89,4 @@ def test_a_writer_killed_mid_write_leaves_the_old_record(tmp_path, killed):
         timeout=300,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
-    assert read_metrics(str(tmp_path)) == {"version": 0, "padding": "a" * 100_000}
+    assert RunRecord(str(tmp_path)).values == {"version": 0, "padding": "a" * 100_000}

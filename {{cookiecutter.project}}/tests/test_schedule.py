@@ -2,6 +2,7 @@
 
 import pytest
 
+from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core import config, schedule
 
 
@@ -32,6 +33,7 @@ def test_schedule_values(step, expected):
             "train.warmup_steps=100",
             "train.total_steps=1000",
         ],
+        registry=tasks,
     )
     keras_schedule = schedule.from_config(cfg.train)
     assert float(keras_schedule(step)) == pytest.approx(expected, abs=1e-6)

@@ -18,7 +18,7 @@ from conftest import PROJECT, tiny_config
 from test_doctor import check
 from test_train import train_command as interruptible_run
 from {{ cookiecutter.package }}.core import config, distribute, goodput, input_pipeline, topology, trainer
-from {{ cookiecutter.package }} import train
+from {{ cookiecutter.package }} import tasks, train
 from {{ cookiecutter.package }}.core import steps_per_execution as spe_lib
 from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.doctor import engine
@@ -32,11 +32,12 @@ def test_calibration_compiles_once_and_training_reuses_it(data_dir, tmp_path):
     the weights and optimizer state are those from before the calibration."""
     cfg = tiny_config(data_dir, tmp_path, *AUTO)
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(str(data_dir), cfg.data)
+    manifest = input_pipeline.read_manifest(str(data_dir), tasks.load(cfg.task), cfg.data)
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, spe_lib.limit(cfg.train))
+        task = tasks.load(cfg.task)
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, spe_lib.limit(cfg.train))
         before = spe_lib.Snapshot(model)
-        dataset = trainer.training_dataset(cfg, resolved, manifest, seed=0)
+        dataset = input_pipeline.training_dataset(cfg, tasks.load(cfg.task), resolved, manifest, seed=0)
         chosen, measurements = spe_lib.calibrate(model, iter(dataset), spe_lib.limit(cfg.train), min_seconds=0.05)
         calibration_steps = int(model.optimizer.iterations.numpy())
         before.restore()
@@ -51,9 +52,13 @@ def test_calibration_compiles_once_and_training_reuses_it(data_dir, tmp_path):
     assert int(model.optimizer.iterations.numpy()) == 8
 
 
+def train_with_its_task(cfg) -> dict:
+    return trainer.train(cfg, tasks.load(cfg.task))
+
+
 @pytest.mark.slow
 def test_a_resume_a_rerun_and_a_new_run_directory_reuse_the_calibration(data_dir, tmp_path, capsys):
-    first = trainer.train(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=8"))
+    first = train_with_its_task(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=8"))
     printed = capsys.readouterr().out
     assert "calibrating steps_per_execution" in printed and "time to first step" in printed
     written = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -62,22 +67,22 @@ def test_a_resume_a_rerun_and_a_new_run_directory_reuse_the_calibration(data_dir
     assert first["goodput"]["phase_seconds"]["calibration"] > 0
 
     # A resume (the same run, trained further): the run's own record.
-    trainer.train(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=16"))
+    train_with_its_task(tiny_config(data_dir, tmp_path / "run", *AUTO, "train.total_steps=16"))
     printed = capsys.readouterr().out
     assert "resumed from step 8" in printed and "calibrating" not in printed
     assert f"steps_per_execution {chosen}: reusing the calibration in this run's metrics.json" in printed
     # A new run directory with the same setting: the cache.
-    rerun = trainer.train(tiny_config(data_dir, tmp_path / "other", *AUTO, "train.total_steps=8"))
+    rerun = train_with_its_task(tiny_config(data_dir, tmp_path / "other", *AUTO, "train.total_steps=8"))
     printed = capsys.readouterr().out
     assert "calibrating" not in printed and "reusing the calibration in the cache" in printed
     assert "calibration" not in rerun["goodput"]["phase_seconds"]
     assert f"steps_per_execution: {chosen}" in (tmp_path / "other" / "config.yaml").read_text()
     # Another setting measures again; so does auto:fresh.
-    trainer.train(
+    train_with_its_task(
         tiny_config(data_dir, tmp_path / "bigger", *AUTO, "train.total_steps=8", "train.global_batch_size=64")
     )
     assert "calibrating" in capsys.readouterr().out
-    trainer.train(
+    train_with_its_task(
         tiny_config(
             data_dir, tmp_path / "fresh", *AUTO[1:], "train.steps_per_execution=auto:fresh", "train.total_steps=8"
         )
@@ -215,7 +220,7 @@ def ways_to_change(key: str, cfg, target, precision: str) -> list:
 
 
 def a_setting(*overrides: str):
-    cfg = config.load(None, ["train.steps_per_execution=auto", *overrides])
+    cfg = config.load(None, ["train.steps_per_execution=auto", *overrides], registry=tasks)
     return cfg, topology.Target("cpu", 8, 1), "float32"
 
 
@@ -271,7 +276,7 @@ def test_a_cache_file_that_cannot_serve_is_measured_again_and_said_once(tmp_path
     measured = [spe_lib.Measurement(1, 10.0, [10.0]), spe_lib.Measurement(4, 30.0, [30.0])]
 
     def decided():
-        decision = spe_lib.decide(cfg, target, {}, finished=False)
+        decision = spe_lib.decide(cfg, target, None, finished=False)
         return decision, capsys.readouterr().out.splitlines()
 
     decision, printed = decided()  # no file yet: measured, nothing to say
@@ -308,14 +313,14 @@ def test_a_start_takes_its_own_record_then_the_cache_unless_fresh_finished_or_fi
         spe_lib.Measurement(4, 30.0, [30.0]),
         spe_lib.Measurement(16, 31.0, [31.0]),
     ]
-    own = {"calibration": spe_lib.record(key, measured[2], measured)}  # chose 16
+    own = spe_lib.record(key, measured[2], measured)  # the run's own calibration: chose 16
     spe_lib.write_cache(spe_lib.cache_path(str(tmp_path), key), spe_lib.record(key, measured[1], measured))  # chose 4
 
     resumed = spe_lib.decide(cfg, target, own, finished=False)
     assert (resumed.compiled, resumed.found_in, resumed.measure) == (16, "this run's metrics.json", False)
-    another_setting = {"calibration": spe_lib.record({**key, "replicas": 4}, measured[2], measured)}
-    for run_metrics in ({}, another_setting):  # a new run directory; a run record of another setting
-        rerun = spe_lib.decide(cfg, target, run_metrics, finished=False)
+    another_setting = spe_lib.record({**key, "replicas": 4}, measured[2], measured)
+    for calibration in (None, another_setting):  # a new run directory; a run record of another setting
+        rerun = spe_lib.decide(cfg, target, calibration, finished=False)
         assert (rerun.compiled, rerun.measure) == (4, False) and rerun.found_in.startswith("the cache ")
     fresh_cfg = edited(cfg, "train", "steps_per_execution", spe_lib.FRESH)
     fresh = spe_lib.decide(fresh_cfg, target, own, finished=False)
@@ -335,14 +340,14 @@ def test_the_calibration_cache_on_cloud_storage(gcs_bucket, capsys):
     key = spe_lib.setting(cfg, target, cfg.runtime.mixed_precision)
     path = spe_lib.cache_path(directory, key)
     assert path.startswith(f"{directory}/steps_per_execution/")
-    assert spe_lib.decide(cfg, target, {}, finished=False).measure
+    assert spe_lib.decide(cfg, target, None, finished=False).measure
     measured = [spe_lib.Measurement(1, 10.0, [10.0]), spe_lib.Measurement(4, 30.0, [30.0])]
     spe_lib.write_cache(path, spe_lib.record(key, measured[1], measured))
-    found = spe_lib.decide(cfg, target, {}, finished=False)
+    found = spe_lib.decide(cfg, target, None, finished=False)
     assert (found.compiled, found.measure, found.found_in) == (4, False, f"the cache {path}")
     with tf.io.gfile.GFile(path, "w") as handle:
         handle.write("{not json")
-    again = spe_lib.decide(cfg, target, {}, finished=False)
+    again = spe_lib.decide(cfg, target, None, finished=False)
     assert again.measure and capsys.readouterr().out.splitlines() == [
         f"note: ignoring the steps_per_execution cache {path}: not valid JSON; measuring again"
     ]
@@ -457,7 +462,9 @@ def logged_step(line: str) -> int | None:
 
 
 def step_in(text: str, prefix: str) -> int:
-    return int(next(line for line in text.splitlines() if line.startswith(prefix)).split()[-1].rstrip(":"))
+    """The step number right after `prefix` on the line that starts with it."""
+    line = next(line for line in text.splitlines() if line.startswith(prefix))
+    return int(line.removeprefix(prefix).split()[0].rstrip(":,"))
 
 
 def timings(text: str) -> dict:

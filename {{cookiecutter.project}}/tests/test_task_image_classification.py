@@ -12,6 +12,7 @@ from PIL import Image
 from conftest import run_preprocess
 from test_doctor import check
 from test_preprocess import assert_exact
+from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core import config, input_pipeline
 from {{ cookiecutter.package }}.core import preprocessing
 from {{ cookiecutter.package }}.doctor import engine
@@ -40,7 +41,7 @@ def read_split(data_dir, manifest, split):
     """(images, labels) of a split, in the evaluation pipeline's order, padding left out."""
     files, counts = input_pipeline.split_files(str(data_dir), manifest, split)
     images, labels = [], []
-    for batch_images, batch_labels, weights in input_pipeline.make_dataset(files, counts, manifest, 4, training=False):
+    for batch_images, batch_labels, weights in input_pipeline.eval_pipeline(files, counts, TASK, manifest, 4):
         keep = weights.numpy() > 0
         images += list(batch_images.numpy()[keep])
         labels += [manifest["label_names"][label] for label in batch_labels.numpy()[keep]]
@@ -82,7 +83,7 @@ def test_beam_output_parses_to_the_source_pixels(tmp_path):
         files, counts = input_pipeline.split_files(str(tmp_path / "out"), manifest, split)
         if not files:  # four images: the eval split may well be empty
             continue
-        for batch in input_pipeline.make_dataset(files, counts, manifest, 1, training=False):
+        for batch in input_pipeline.eval_pipeline(files, counts, TASK, manifest, 1):
             image, label, weight = (t.numpy()[0] for t in batch)
             if weight:
                 seen[manifest["label_names"][label]] = image
@@ -173,12 +174,16 @@ def test_jpeg_shards_round_trip_with_static_shapes(tmp_path):
         "encoding": "jpeg",
         "quality": features.JPEG_QUALITY,
     }
-    data_config = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"]).data
-    manifest = input_pipeline.read_manifest(str(output), data_config)  # the code accepts its own JPEG spec
+    data_config = config.load(
+        None, ["data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"], registry=tasks
+    ).data
+    manifest = input_pipeline.read_manifest(str(output), TASK, data_config)  # the code accepts its own JPEG spec
 
     files, counts = input_pipeline.split_files(str(output), manifest, "train")
-    for training in (True, False):
-        dataset = input_pipeline.make_dataset(files, counts, manifest, 4, training=training)
+    for dataset in (
+        input_pipeline.train_pipeline(files, counts, TASK, manifest, 4, seed=0),
+        input_pipeline.eval_pipeline(files, counts, TASK, manifest, 4),
+    ):
         assert dataset.element_spec[0].shape == (4, 16, 16, 3) and dataset.element_spec[0].dtype.name == "uint8"
         images = next(iter(dataset))[0].numpy()
         assert images.std() > 20  # decoded pixels, not a blank image
@@ -232,7 +237,9 @@ def test_training_crops_and_flips_evaluation_does_not(encoding):
         [features.encode(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), label, encoding) for label in range(8)]
     )
     manifest = {"image_size": 16, "image_encoding": encoding, "num_classes": 8}
-    data_config = config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"]).data
+    data_config = config.load(
+        None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"], registry=tasks
+    ).data
     TASK.check_manifest(manifest, data_config, "data")
 
     first, second = (TASK.parse_batch(records, manifest, training=True)[0].numpy() for _ in range(2))
@@ -241,7 +248,9 @@ def test_training_crops_and_flips_evaluation_does_not(encoding):
     np.testing.assert_array_equal(*evaluation)
     # Training without data.augment takes the evaluation view.
     TASK.check_manifest(
-        manifest, config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}"]).data, "data"
+        manifest,
+        config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}"], registry=tasks).data,
+        "data",
     )
     np.testing.assert_array_equal(TASK.parse_batch(records, manifest, training=True)[0].numpy(), evaluation[0])
 
@@ -268,7 +277,7 @@ def test_predict_sees_what_evaluation_sees(tmp_path, encoding):
 
 def test_the_shards_encoding_must_match_the_config(tmp_path):
     manifest = {"image_size": 16, "image_encoding": "raw"}
-    data_config = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg"]).data
+    data_config = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg"], registry=tasks).data
     with pytest.raises(
         UserError,
         match="data.image_encoding=jpeg but the shards in d store raw images; "
@@ -412,7 +421,7 @@ def test_hidden_dense_layers_under_512_are_flagged(data_dir, tmp_path, monkeypat
     from {{ cookiecutter.package }}.core import model
     from {{ cookiecutter.package }}.core.keras import keras
 
-    def mlp(cfg, manifest):
+    def mlp(cfg, task, manifest):
         size, num_classes = manifest["image_size"], manifest["num_classes"]
         images = keras.Input(shape=(size, size, 3), name="image")
         x = keras.layers.Flatten()(images)
@@ -458,17 +467,19 @@ def test_auto_stem_stride_follows_the_image_size():
     from {{ cookiecutter.package }}.tasks.image_classification import stem
 
     assert [stem.stride_for(size) for size in (16, 32, 48, 64, 96, 128, 224, 512)] == [1, 1, 1, 2, 2, 4, 4, 4]
-    auto = config.load(None, ["data.image_size=128"])
+    auto = config.load(None, ["data.image_size=128"], registry=tasks)
     assert auto.model.stem_stride == "auto" and stem.stem_stride(auto.model, 128) == 4
-    explicit = config.load(None, ["data.image_size=128", "model.stem_stride=2"])
+    explicit = config.load(None, ["data.image_size=128", "model.stem_stride=2"], registry=tasks)
     assert stem.stem_stride(explicit.model, 128) == 2
     assert stem.describe(auto.model, 128) == "stem stride 4 (auto for 128 px images): first stage at 32x32 px"
     with pytest.raises(config.ConfigError, match="model.stem_stride must be an integer or 'auto'"):
-        config.load(None, ["model.stem_stride=big"])
+        config.load(None, ["model.stem_stride=big"], registry=tasks)
 
 
 def test_the_built_model_uses_the_auto_stride(capsys):
-    model = TASK.build_model(config.load(None, ["model.widths=[8,16]"]).model, {"image_size": 64, "num_classes": 3})
+    model = TASK.build_model(
+        config.load(None, ["model.widths=[8,16]"], registry=tasks).model, {"image_size": 64, "num_classes": 3}
+    )
     assert model.get_layer("stem_conv").strides == (2, 2)
     assert model.get_layer("stage0_block0_out").output.shape[1:3] == (32, 32)
     assert "stem stride 2 (auto for 64 px images)" in capsys.readouterr().out
@@ -489,9 +500,9 @@ def test_the_trainers_flops_per_step_are_the_cnns_layers_counted_by_hand(which, 
     from {{ cookiecutter.package }}.core import topology, utilisation
     from {{ cookiecutter.package }}.core.model import build_model
 
-    cfg = config.load(str(config_file(TASK.name, which)), ["train.gradient_accumulation_steps=2"])
+    cfg = config.load(str(config_file(TASK.name, which)), ["train.gradient_accumulation_steps=2"], registry=tasks)
     manifest = TASK.nominal_manifest(cfg.data)
-    model = build_model(cfg, manifest)
+    model = build_model(cfg, TASK, manifest)
     side = -(-cfg.data.image_size // stem_stride)  # "same" padding rounds up
     forward = conv_flops(side, max(3, stem_stride), 3, cfg.model.widths[0])
     channels = cfg.model.widths[0]
@@ -515,13 +526,15 @@ def test_a_large_first_stage_warns_and_names_the_stride(data_dir, tmp_path):
 
     target = Target("cpu", 8, 1)
     full = config.load(
-        None, ["data.image_size=128", "model.stem_stride=1", "model.widths=[16,32]", "runtime.mixed_precision=float32"]
+        None,
+        ["data.image_size=128", "model.stem_stride=1", "model.widths=[16,32]", "runtime.mixed_precision=float32"],
+        registry=tasks,
     )
     status, message, fix = stem.first_stage_activations(full, target, None)
     assert status == "warn" and "first stage at 128x128 px" in message
     assert "16 MiB per activation tensor per replica (batch 16, 16 channels)" in message  # 16*128*128*16*4 B
     assert fix == "set model.stem_stride=auto (stride 4 here)"
-    auto = config.load(None, ["data.image_size=128"])
+    auto = config.load(None, ["data.image_size=128"], registry=tasks)
     assert stem.first_stage_activations(auto, target, None)[0] == "pass"
     # The rule runs in `make doctor`, on the shards' image size (16 px here).
     assert check(data_dir, tmp_path=tmp_path)["model.first_stage_activations"].status == engine.PASS

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import config_file, finished_run_of, selected, task_sample
+from conftest import config_file, finished_run_of, task_sample
 from {{ cookiecutter.package }}.core import config, input_pipeline
 from {{ cookiecutter.package }} import predict, tasks, train
 from {{ cookiecutter.package }}.core import preprocessing
@@ -33,8 +33,7 @@ NAME = "language_model"
 
 @pytest.fixture
 def lm():
-    with selected(NAME) as task:
-        yield task
+    return tasks.load(NAME)
 
 
 @pytest.fixture
@@ -270,7 +269,7 @@ def test_the_export_scores_as_the_trained_model(lm_run, sample, tmp_path):
     from {{ cookiecutter.package }}.core import precision
 
     precision.set_policy("bfloat16")
-    model = model_lib.build_model(cfg, manifest)
+    model = model_lib.build_model(cfg, TASK, manifest)
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(output / "checkpoints"))).expect_partial()
     windows = windows_of(data, manifest, "eval")[:4]
     seq_len = manifest["seq_len"]
@@ -358,7 +357,6 @@ def test_greedy_generation_picks_the_argmax_of_the_exported_model(lm_run, sample
         ended = tokenizer.EOS_ID in row
         kept = row[: row.index(tokenizer.EOS_ID)] if ended else row
         assert fields["continuation"] == processor.DecodeIds(kept) + (" <end>" if ended else "")
-    assert tasks.current().name == NAME
 
 
 def test_a_rerun_of_a_finished_run_exports_again_with_new_predict_keys(lm_run, sample, tmp_path, capsys):
@@ -395,10 +393,10 @@ def test_the_shipped_decoding_does_not_repeat_one_token(lm_run, sample):
     cfg, output, _, _ = lm_run
     raw, data = sample
     manifest = json.loads((data / "manifest.json").read_text())
-    shipped = config.load(str(config_file(NAME)), []).predict
+    shipped = config.load(str(config_file(NAME)), [], registry=tasks).predict
     assert shipped.temperature > 0 and shipped.top_k > 0
     precision.set_policy("bfloat16")
-    model = model_lib.build_model(cfg, manifest)
+    model = model_lib.build_model(cfg, TASK, manifest)
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(output / "checkpoints"))).expect_partial()
     keys = LanguageModelPredictConfig(max_new_tokens=24, temperature=shipped.temperature, top_k=shipped.top_k)
     serve = TASK.serving_signature(model, manifest, keys, TASK.objective_config())
@@ -458,9 +456,9 @@ def test_sampling_keeps_to_the_top_k_and_follows_its_seed(tiny_model):
 def test_a_window_needs_two_tokens(lm):
     """The shared text keys' rules, with the language model's own shortest window."""
     with pytest.raises(config.ConfigError) as raised:
-        config.load(None, ["data.seq_len=1"])
+        config.load(None, ["data.seq_len=1"], registry=tasks)
     assert str(raised.value) == "data.seq_len must be at least 2, got 1"
-    assert config.load(None, ["data.seq_len=2"]).data.seq_len == 2
+    assert config.load(None, ["data.seq_len=2"], registry=tasks).data.seq_len == 2
 
 
 def test_a_prompt_longer_than_the_window_keeps_its_end():
@@ -496,7 +494,7 @@ def test_the_traced_training_flops_match_the_analytical_count():
     (Kaplan et al. 2020, Narayanan et al. 2021), for the TPU config's model."""
     from {{ cookiecutter.package }}.core import memory
 
-    cfg = config.load(str(config_file(TASK.name, "tpu")), [])
+    cfg = config.load(str(config_file(TASK.name, "tpu")), [], registry=tasks)
     model_config, seq_len = cfg.model, cfg.data.seq_len
     model = build_model(model_config, seq_len, cfg.data.vocab_size)
     width, depth, rows = model_config.width, model_config.depth, 8064
@@ -517,8 +515,8 @@ def test_the_trainers_flops_per_step_are_the_decoders_multiplies_counted_by_hand
     from {{ cookiecutter.package }}.core import topology, utilisation
     from {{ cookiecutter.package }}.core.model import build_model as build_task_model
 
-    cfg = config.load(str(config_file(NAME, which)), ["train.gradient_accumulation_steps=2"])
-    model = build_task_model(cfg, TASK.nominal_manifest(cfg.data))
+    cfg = config.load(str(config_file(NAME, which)), ["train.gradient_accumulation_steps=2"], registry=tasks)
+    model = build_task_model(cfg, TASK, TASK.nominal_manifest(cfg.data))
     width, depth, mlp, seq_len = cfg.model.width, cfg.model.depth, cfg.model.mlp_width, cfg.data.seq_len
     rows = -(-cfg.data.vocab_size // 128) * 128  # the embedding table: the vocabulary rounded up to 128 rows
     multiplying = depth * (4 * width * width + 2 * width * mlp) + width * rows
@@ -568,8 +566,9 @@ def test_the_planned_activations_hold_to_the_independent_count(remat, band):
             "runtime.mixed_precision=bfloat16",
             f"model.remat={str(remat).lower()}",
         ],
+        registry=tasks,
     )
-    plan = memory.estimate_for(cfg, TASK.nominal_manifest(cfg.data), 8, 0, task=TASK)
+    plan = memory.estimate_for(cfg, TASK, TASK.nominal_manifest(cfg.data), 8, 0)
     ratio = plan.activations / independent_activation_count(cfg, 8)
     assert band[0] <= ratio <= band[1], f"planned / independent activations {ratio:.3f}, outside {band}"
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import selected
 
+from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.core.task import RawExample, RawRejection, Rejected
@@ -312,8 +312,8 @@ def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy
 )
 def test_text_data_keys_out_of_range_are_one_line_when_the_config_loads(override, line):
     """Refused before any data is read, by the config the text tasks share."""
-    with selected(TASK.name), pytest.raises(config.ConfigError) as raised:
-        config.load(None, [override])
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(None, [f"task={TASK.name}", override], registry=tasks)
     assert str(raised.value) == line
 
 
@@ -455,12 +455,12 @@ def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
     from {{ cookiecutter.package }}.core import preprocessing
 
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    eval_fraction = config.load(None, list(TASK.testing().overrides)).data.eval_fraction
+    eval_fraction = config.load(None, list(TASK.testing().overrides), registry=tasks).data.eval_fraction
     examples, _ = read_all(raw_dir)
     texts = [example.payload for example in examples if preprocessing.split_of(example.source, eval_fraction) == "eval"]
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "eval")
     evaluated = Counter()
-    for ids, _, weights in input_pipeline.make_dataset(files, counts, manifest, 8, training=False):
+    for ids, _, weights in input_pipeline.eval_pipeline(files, counts, TASK, manifest, 8):
         evaluated.update(tuple(row) for row, weight in zip(ids.numpy().tolist(), weights.numpy()) if weight)
     assert sum(evaluated.values()) == manifest["splits"]["eval"]["num_examples"]
 
@@ -626,11 +626,13 @@ def test_the_trainers_flops_per_step_are_the_text_classifiers_multiplies_counted
     from {{ cookiecutter.package }}.core import config, topology, utilisation
     from {{ cookiecutter.package }}.core.model import build_model
 
-    with selected("text_classification") as task:
-        cfg = config.load(str(config_file(task.name, which)), ["train.gradient_accumulation_steps=2", *overrides])
-        manifest = task.nominal_manifest(cfg.data)
-        model = build_model(cfg, manifest)
-        counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
+    task = tasks.load("text_classification")
+    cfg = config.load(
+        str(config_file(task.name, which)), ["train.gradient_accumulation_steps=2", *overrides], registry=tasks
+    )
+    manifest = task.nominal_manifest(cfg.data)
+    model = build_model(cfg, task, manifest)
+    counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
     width, seq_len, mlp = cfg.model.width, cfg.data.seq_len, cfg.model.mlp_width
     per_token = cfg.model.depth * (8 * width * width + 4 * width * mlp + 4 * seq_len * width)
     pooled = (2 if cfg.model.pooling == "mean_max" else 1) * width + cfg.model.bag_width

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from conftest import tiny_config
+from {{ cookiecutter.package }} import tasks
 from {{ cookiecutter.package }}.core import config, distribute, topology
 
 pytestmark = [
@@ -24,7 +25,7 @@ pytestmark = [
 def tpu_target():
     # Before TensorFlow touches a device: the CPU split of the other tests must not apply here.
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    return distribute.resolve(config.load(None, ["runtime.strategy=tpu"]).runtime)
+    return distribute.resolve(config.load(None, ["runtime.strategy=tpu"], registry=tasks).runtime)
 
 
 def test_tpu_strategy_sees_the_chips_of_the_tpu_type(tpu_target):
@@ -46,6 +47,6 @@ def test_a_short_training_run_on_the_tpu(tpu_target, data_dir, tmp_path):
         "train.total_steps=16",
         "train.steps_per_execution=4",
     )
-    metrics = trainer.train(cfg)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
     assert metrics["global_step"] == 16
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 16

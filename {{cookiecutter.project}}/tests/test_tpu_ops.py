@@ -389,6 +389,7 @@ def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
     multiply): the step's model FLOPs are the towers' alone, as utilisation.flops_per_step says."""
     import tensorflow as tf
 
+    from {{ cookiecutter.package }} import tasks
     from {{ cookiecutter.package }}.core import config, topology, utilisation
     from {{ cookiecutter.package }}.core.keras import keras
     from {{ cookiecutter.package }}.core.model import TaskModel
@@ -401,7 +402,7 @@ def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
     outputs = {name: keras.layers.Dense(16, name=f"{name}_tower")(inputs[name]) for name in inputs}
     model = TaskModel(inputs=inputs, outputs=outputs)
     model.track_step_loss(in_batch, [])
-    cfg = config.load(None, ["train.global_batch_size=64"])
+    cfg = config.load(None, ["train.global_batch_size=64"], registry=tasks)
     towers = 2 * (2 * 8 * 16)  # per example: two [8] x [8, 16] multiplies
     counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
     assert counted == 3 * towers * 64 * cfg.train.gradient_accumulation_steps

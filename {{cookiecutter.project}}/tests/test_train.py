@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, finished_run_of, tiny_config
 from {{ cookiecutter.package }} import capture_profile, tasks, train
-from {{ cookiecutter.package }}.core import config, distribute, schedule, profiler, steps_per_execution, trainer
+from {{ cookiecutter.package }}.core import config, distribute, input_pipeline, profiler, run_dir, schedule
+from {{ cookiecutter.package }}.core import steps_per_execution, trainer
 from {{ cookiecutter.package }}.core.errors import UserError
 
 
@@ -65,14 +66,14 @@ def finished_run(tmp_path_factory):
 def test_run_directory_is_complete(finished_run):
     cfg, output, metrics = finished_run
     written = json.loads((output / "metrics.json").read_text())
-    headline = tasks.current().headline_metric
+    headline = tasks.load(tasks.DEFAULT).headline_metric
     # What the run wrote (tests/test_contract.py may have re-evaluated it since: the same figures).
     kept = (headline, "loss", "global_step", "eval_examples", "examples_per_second", "checkpoint_save_seconds")
     assert {key: written[key] for key in kept} == pytest.approx({key: metrics[key] for key in kept}, rel=1e-5)
     assert {headline, "loss", "global_step", "examples_per_second"} <= set(written)
     assert written["global_step"] == 48
     assert written["examples_per_second"] > 0 and written["loss"] > 0
-    resolved = config.load(str(output / "config.yaml"))
+    resolved = config.load(str(output / "config.yaml"), registry=tasks)
     assert resolved.train.steps_per_execution == 4 and resolved.train.total_steps == 48
     assert resolved.runtime.mixed_precision == "bfloat16" and written["mixed_precision"] == "bfloat16"
     assert tf.train.latest_checkpoint(str(output / "checkpoints")).endswith("ckpt-48")
@@ -94,7 +95,7 @@ def test_learning_rate_is_logged_every_step(finished_run):
     assert sorted(events["learning_rate"]) == list(range(1, 49))
     peak = cfg.train.base_learning_rate * cfg.train.global_batch_size / cfg.train.base_batch_size
     assert events["learning_rate"][2] == pytest.approx(peak * 2 / cfg.train.warmup_steps, rel=1e-5)
-    headline = tasks.current().headline_metric
+    headline = tasks.load(tasks.DEFAULT).headline_metric
     assert {"loss", headline, "steps_per_second", "examples_per_second"} <= set(events)
     assert {headline, "loss"} <= set(scalar_events(output / "logs" / "eval"))
 
@@ -114,10 +115,11 @@ def test_mixed_bfloat16_keeps_float32_variables_logits_and_loss(data_dir, tmp_pa
     manifest = json.loads((data_dir / "manifest.json").read_text())
     precision.set_policy("bfloat16")
     try:
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
+        task = tasks.load(cfg.task)
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, 1)
         assert all(v.dtype == tf.float32 for v in model.trainable_variables)
         assert any(layer.compute_dtype == "bfloat16" for layer in model.layers if layer.weights)
-        inputs, labels = tasks.current().synthetic_batch(2, manifest)
+        inputs, labels = task.synthetic_batch(2, manifest)
         predictions = model(inputs)
         assert predictions.dtype == tf.float32
         assert model.compute_loss(inputs, labels, predictions).dtype == tf.float32
@@ -133,10 +135,10 @@ def test_auto_precision_says_what_it_chose_and_why(data_dir, tmp_path, capsys, m
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=4", "train.warmup_steps=1")
     assert cfg.runtime.mixed_precision == "auto"  # the shipped local config
-    metrics = trainer.train(cfg)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
     printed = capsys.readouterr().out
     assert "precision float32 (auto: this CPU has" in printed and "bfloat16 would be emulated" in printed
-    assert config.load(str(tmp_path / "config.yaml")).runtime.mixed_precision == "float32"
+    assert config.load(str(tmp_path / "config.yaml"), registry=tasks).runtime.mixed_precision == "float32"
     assert metrics["mixed_precision"] == "float32"
 
 
@@ -152,11 +154,11 @@ def test_auto_precision_trains_in_bfloat16_on_a_cpu_with_native_bfloat16(data_di
     keras.mixed_precision.set_global_policy("float32")
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=4", "train.warmup_steps=1")
     assert cfg.runtime.mixed_precision == "auto"
-    metrics = trainer.train(cfg)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
     printed = capsys.readouterr().out
     assert "precision bfloat16 (auto: this CPU has native bfloat16 (avx512_bf16))" in printed, printed
     assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"  # what the model was built under
-    assert config.load(str(tmp_path / "config.yaml")).runtime.mixed_precision == "bfloat16"
+    assert config.load(str(tmp_path / "config.yaml"), registry=tasks).runtime.mixed_precision == "bfloat16"
     assert metrics["mixed_precision"] == "bfloat16" and np.isfinite(metrics["loss"]) and metrics["global_step"] == 4
 
 
@@ -188,7 +190,7 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
     from {{ cookiecutter.package }}.core.keras import keras
     from {{ cookiecutter.package }}.core.model import objective_metrics
 
-    task = tasks.current()
+    task = tasks.load(tasks.DEFAULT)
     own = task.metrics
 
     def metrics(objective_config, manifest):
@@ -209,7 +211,7 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
         "train.checkpoint_every=4",
         "train.eval_every=4",
     )
-    result = trainer.train(cfg)
+    result = trainer.train(cfg, tasks.load(cfg.task))
     assert result["mixed_precision"] == "bfloat16" and result["global_step"] == 8
     assert [entry["step"] for entry in result["history"]] == [4, 8]
     for entry in (*result["history"], result):
@@ -219,7 +221,7 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
         made_outside = keras.metrics.AUC(name="auc_bf16")
     monkeypatch.setattr(task, "metrics", lambda objective, manifest: [*own(objective, manifest), made_outside])
     with pytest.raises(UserError, match="the task's metric auc_bf16 uses the mixed_bfloat16 policy .*Task.metrics"):
-        objective_metrics(cfg, json.loads((data_dir / "manifest.json").read_text()))
+        objective_metrics(cfg, task, json.loads((data_dir / "manifest.json").read_text()))
 
 
 def test_evaluation_uses_the_statistics_a_checkpoint_stores():
@@ -228,7 +230,7 @@ def test_evaluation_uses_the_statistics_a_checkpoint_stores():
     from {{ cookiecutter.package }}.core.evaluation import sync_replica_statistics
     from {{ cookiecutter.package }}.core.keras import keras
 
-    strategy = distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime).strategy
+    strategy = distribute.resolve(config.load(None, ["runtime.strategy=auto"], registry=tasks).runtime).strategy
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(momentum=0.0)])
 
@@ -255,8 +257,58 @@ def test_nan_loss_stops_without_saving(data_dir, tmp_path):
         data_dir, tmp_path, "train.base_learning_rate=1e30", "train.warmup_steps=0", "train.checkpoint_every=1000"
     )
     with pytest.raises(UserError, match="the loss became NaN at step \\d+; stopped without saving"):
-        trainer.train(cfg)
+        trainer.train(cfg, tasks.load(cfg.task))
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")) is None
+    # The run record says how the start ended: the next start resumes (from the last good checkpoint).
+    assert json.loads((tmp_path / "metrics.json").read_text())["goodput"]["per_start"][-1]["end"] == "non-finite loss"
+
+
+def test_early_stop_on_the_headline_metric_ends_the_run_and_a_rerun_trains_no_further(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    """A learning rate too small to change the weights and a min_delta larger than any change: no
+    evaluation improves on the first, so with train.early_stop_patience=2 training stops after the
+    third (step 12 of 40). The run keeps its best
+    checkpoint, evaluates, exports and records that it stopped early; the same command again
+    evaluates it and trains no step."""
+    task = tasks.load(tasks.DEFAULT)
+    cfg = tiny_config(
+        data_dir,
+        tmp_path,
+        "train.base_learning_rate=1e-9",
+        "train.warmup_steps=0",
+        "train.total_steps=40",
+        "train.eval_every=4",
+        "train.early_stop_patience=2",
+        # Larger than any change of the headline: the first evaluation stays the best for early stopping
+        # even where batch norm's statistics move without the weights.
+        "train.early_stop_min_delta=1000",
+    )
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    seen = {}  # a callback of the task's own (Task.callbacks) sees each evaluation in Keras' logs
+    recorder = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.update({batch: dict(logs)}))
+    monkeypatch.setattr(task, "callbacks", lambda cfg, output_dir: [recorder])
+    metrics = trainer.train(cfg, task)
+    printed = capsys.readouterr().out
+    evaluated = [logs for logs in seen.values() if f"eval_{task.headline_metric}" in logs]
+    assert len(evaluated) == 3 and [entry[task.headline_metric] for entry in metrics["history"]] == [
+        logs[f"eval_{task.headline_metric}"] for logs in evaluated
+    ]
+    assert metrics["global_step"] == 12 and [entry["step"] for entry in metrics["history"]] == [4, 8, 12]
+    assert "stopping early at step 12" in printed and "did not improve" in metrics["stopped_early"]
+    assert metrics["best_step"] in (4, 8, 12) and (tmp_path / "checkpoints" / "best").is_dir()
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-12")
+    assert (tmp_path / "export" / "saved_model.pb").is_file()
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    assert record["goodput"]["per_start"][-1]["end"] == "stopped early"
+
+    again = trainer.train(cfg, task)
+    printed = capsys.readouterr().out
+    assert "this run stopped early at step 12: evaluating it again, training no further" in printed
+    assert again["global_step"] == 12 and "calibrating" not in printed
+    start = json.loads((tmp_path / "metrics.json").read_text())["goodput"]["per_start"][-1]
+    assert (start["initial_step"], start["furthest_step"], start["end"]) == (12, 12, "stopped early")
 
 
 @pytest.mark.slow
@@ -267,8 +319,8 @@ def test_auto_steps_per_execution_is_measured(data_dir, tmp_path):
     resolved = distribute.resolve(cfg.runtime)
     from {{ cookiecutter.package }}.core import input_pipeline
 
-    manifest = input_pipeline.read_manifest(str(data_dir))
-    chosen, measurements = trainer.choose_steps_per_execution(cfg, resolved, manifest)
+    manifest = input_pipeline.read_manifest(str(data_dir), tasks.load(tasks.DEFAULT))
+    chosen, measurements = steps_per_execution.choose_for(cfg, tasks.load(cfg.task), resolved, manifest)
     assert [m.steps_per_execution for m in measurements] == steps_per_execution.candidates(16) == [1, 4, 16]
     assert all(m.steps_per_second > 0 for m in measurements)
     # The value trained with is the one choose() makes of these measurements (choose's own rule is
@@ -286,14 +338,14 @@ def test_calibration_picks_the_largest_value_near_the_fastest():
 
 
 def test_strategy_resolution_on_this_machine(strategy):
-    resolved = distribute.resolve(config.load(None, ["runtime.strategy=auto"]).runtime)
+    resolved = distribute.resolve(config.load(None, ["runtime.strategy=auto"], registry=tasks).runtime)
     assert (resolved.kind, resolved.replicas, resolved.hosts) == ("cpu", 8, 1)
     assert resolved.strategy is strategy  # the conftest fixture a task's own tests use: the same one
     assert "8 replicas" in resolved.describe()
     with pytest.raises(UserError, match="runtime.strategy=tpu but no TPU could be initialised"):
-        distribute.resolve(config.load(None, ["runtime.strategy=tpu"]).runtime)
+        distribute.resolve(config.load(None, ["runtime.strategy=tpu"], registry=tasks).runtime)
     with pytest.raises(UserError, match="runtime.strategy=gpu but TensorFlow sees no GPU"):
-        distribute.resolve(config.load(None, ["runtime.strategy=gpu"]).runtime)
+        distribute.resolve(config.load(None, ["runtime.strategy=gpu"], registry=tasks).runtime)
 
 
 def train_command(data_dir: Path, output_dir: Path, *overrides: str) -> list[str]:
@@ -360,8 +412,10 @@ def fed_targets(cfg, start_step: int, batches: int) -> list:
     from {{ cookiecutter.package }}.core import input_pipeline
 
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
-    dataset = trainer.training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed, start_step=start_step)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, tasks.load(cfg.task), cfg.data)
+    dataset = input_pipeline.training_dataset(
+        cfg, tasks.load(cfg.task), resolved, manifest, seed=cfg.runtime.seed, start_step=start_step
+    )
     iterator, seen = iter(dataset), []
     for _ in range(batches):
         _, targets = next(iterator)
@@ -388,7 +442,7 @@ def test_data_and_run_directory_on_gcs(data_dir, gcs_bucket):
         tf.io.gfile.copy(str(path), f"{data}/{path.name}", overwrite=True)
     output = gcs_bucket.path("train-test", "run")
     cfg = tiny_config(data_dir, output, f"data.dir={data}", "train.total_steps=16")
-    metrics = trainer.train(cfg)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
     assert metrics["global_step"] == 16
     with tf.io.gfile.GFile(f"{output}/metrics.json") as handle:
         assert json.load(handle)["global_step"] == 16
@@ -399,7 +453,7 @@ def test_data_and_run_directory_on_gcs(data_dir, gcs_bucket):
 
 def test_periodic_evaluation_logs_each_step_and_keeps_the_best(finished_run):
     _, output, metrics = finished_run
-    headline = tasks.current().headline_metric
+    headline = tasks.load(tasks.DEFAULT).headline_metric
     assert [entry["step"] for entry in metrics["history"]] == [16, 32, 48]
     best = next(entry for entry in metrics["history"] if entry["step"] == metrics["best_step"])
     assert metrics[f"best_{headline}"] == best[headline]  # which one is best: tests/test_contract.py
@@ -428,14 +482,15 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_one_before(finished_run
 
     cfg, output, _ = finished_run
     copy_with_a_truncated_latest_checkpoint(output, tmp_path / "run")
-    manifest = input_pipeline.read_manifest(cfg.data.dir)
+    task = tasks.load(cfg.task)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task)
     strategy = distribute.resolve(cfg.runtime).strategy
     with strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, 1)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "run" / "checkpoints"), max_to_keep=2)
     capsys.readouterr()
-    restored = trainer.restore_newest_readable(checkpoint, manager)
+    restored = run_dir.restore_newest_readable(checkpoint, manager)
     assert restored.endswith("ckpt-40") and int(model.optimizer.iterations.numpy()) == 40
     assert "ckpt-48 cannot be read" in capsys.readouterr().out
     # The learning rate continues where the run stopped: the schedule the optimizer holds, at its
@@ -472,16 +527,16 @@ def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_r
     copy_with_a_truncated_latest_checkpoint(output, run)
     capsys.readouterr()
     starts = []
-    feeds = trainer.training_dataset
+    feeds = input_pipeline.training_dataset
     monkeypatch.setattr(
-        trainer,
+        input_pipeline,
         "training_dataset",
         lambda *args, seed, start_step=0: (
             starts.append((seed, start_step)) or feeds(*args, seed=seed, start_step=start_step)
         ),
     )
-    cfg = config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"])
-    metrics = trainer.train(cfg)
+    cfg = config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"], registry=tasks)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
     printed = capsys.readouterr().out
     assert "ckpt-48 cannot be read" in printed and "resumed from step 40" in printed
     assert metrics["global_step"] == 56
@@ -500,7 +555,7 @@ def test_the_calibration_never_exceeds_the_time_bound(data_dir, tmp_path, capsys
     )
     resolved = distribute.resolve(cfg.runtime)
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    chosen, measurements = trainer.choose_steps_per_execution(cfg, resolved, manifest)
+    chosen, measurements = steps_per_execution.choose_for(cfg, tasks.load(cfg.task), resolved, manifest)
     assert chosen == 1 and [m.steps_per_execution for m in measurements] == [1]
     assert "not tried: 4, 16" in capsys.readouterr().out
 
@@ -598,7 +653,7 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
     from {{ cookiecutter.package }}.core.model import TaskModel
 
     precision.set_policy("float32")
-    strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"]).runtime).strategy
+    strategy = distribute.resolve(config.load(None, ["runtime.strategy=cpu"], registry=tasks).runtime).strategy
     rng = np.random.default_rng(0)
     features = rng.normal(size=(256, 6)).astype("float32")
     labels = rng.integers(0, 3, size=256).astype("int32")
@@ -641,7 +696,7 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch():
 @pytest.mark.slow
 def test_training_with_accumulation_counts_optimizer_updates(data_dir, tmp_path, capsys):
     cfg = tiny_config(data_dir, tmp_path, "train.gradient_accumulation_steps=2", "train.total_steps=8")
-    metrics = trainer.train(cfg)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
     printed = capsys.readouterr().out
     assert "effective batch 64 (= 32 x 2 accumulated)" in printed
     assert metrics["global_step"] == 8  # optimizer updates, each of 2 x 32 examples
@@ -685,7 +740,7 @@ def test_a_profiler_port_in_use_is_one_warning_and_no_server(capsys):
 def without_random_draws() -> list[str]:
     """Overrides that leave the input order as training's only randomness: a resumed start draws its
     augmentation and dropout masks afresh (see the README), so the bitwise check turns them off."""
-    task = tasks.current()
+    task = tasks.load(tasks.DEFAULT)
     data_keys = {field.name for field in dataclasses.fields(task.data_config)}
     model_keys = {field.name for field in dataclasses.fields(task.model_config)}
     return [

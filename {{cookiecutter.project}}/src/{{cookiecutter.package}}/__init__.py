@@ -15,6 +15,7 @@
                       the benchmarks                               make bench, bench-memory, ...
 
 `core/` is the library they share (the TPU machinery: config, strategy, input, model, the trainer
-and its callbacks, evaluation, the run directory); `tasks/` holds the tasks, reached only through
-`tasks.current()`. A command imports core/ and tasks/, never another command.
+and its callbacks, evaluation, the run directory); `tasks/` holds the tasks. A command loads the
+task its config names (`tasks.load(cfg.task)`) and passes it to the core, which imports nothing
+from tasks/. A command imports core/ and tasks/, never another command.
 """

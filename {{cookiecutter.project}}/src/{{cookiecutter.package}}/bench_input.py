@@ -5,7 +5,7 @@ against a bare `model.fit`, all measured in this one run.
     make bench            # python -m {{ cookiecutter.package }}.bench_input --config configs/local.yaml
 
 - the data: bytes per example in the shards (what the host reads per example) and their format
-- optimized: input_pipeline.make_dataset for training (interleaved reads, batched parse with the
+- optimized: input_pipeline.train_pipeline (interleaved reads, batched parse with the
   task's decoding and augmentation, prefetch), in examples/s of this host
 - naive: one file after another, parse one example at a time, no parallelism, no prefetch
 - training steps/s on synthetic data (the ceiling the input must keep up with) and on real data;
@@ -50,7 +50,7 @@ from .core import steps_per_execution as spe_lib
 from .core.errors import run_cli
 from .core.keras import keras
 from .core.model import build_model, compile_model
-from .core.trainer import Trainer, choose_steps_per_execution, training_dataset
+from .core.trainer import Trainer
 
 INPUT_BOUND_MARGIN = 0.9
 MIXING_LIMIT = 200_000  # records whose files the order comparison tracks
@@ -66,11 +66,11 @@ def examples_per_second(dataset: tf.data.Dataset, batch_size: int, min_seconds: 
     return batches * batch_size / (time.perf_counter() - started)
 
 
-def naive_dataset(files: list[str], manifest: dict, batch_size: int, compression: str) -> tf.data.Dataset:
+def naive_dataset(files: list[str], task, manifest: dict, batch_size: int, compression: str) -> tf.data.Dataset:
     """What a first version often looks like: sequential reads, per-example parsing, no prefetch."""
 
     def parse_one(record):
-        inputs, targets = tasks.current().parse_batch(tf.expand_dims(record, 0), manifest, training=True)
+        inputs, targets = task.parse_batch(tf.expand_dims(record, 0), manifest, training=True)
         return tf.nest.map_structure(lambda tensor: tensor[0], (inputs, targets))
 
     options = tf.data.Options()
@@ -84,7 +84,9 @@ def training_steps_per_second(model, dataset, steps_per_execution: int, min_seco
     return spe_lib.measure(model, iter(dataset), steps_per_execution, min_seconds).steps_per_second
 
 
-def compare_inputs(cfg, resolved, manifest: dict, files: list[str], counts, seconds: float) -> tuple[float, float]:
+def compare_inputs(
+    cfg, task, resolved, manifest: dict, files: list[str], counts, seconds: float
+) -> tuple[float, float]:
     """Examples/s of the project's input and of a naive one on the same shards: (optimized, naive)."""
     batch, compression = cfg.train.global_batch_size, manifest.get("compression", "none")
     # Parallel reads need files to read in parallel: interleave opens at most one reader per file.
@@ -103,20 +105,21 @@ def compare_inputs(cfg, resolved, manifest: dict, files: list[str], counts, seco
         )
 
     optimized = examples_per_second(
-        input_pipeline.make_dataset(
+        input_pipeline.train_pipeline(
             files,
             counts,
+            task,
             manifest,
             batch,
-            training=True,
-            compression=compression,
+            seed=0,
             shuffle_buffer=cfg.data.shuffle_buffer,
+            compression=compression,
         ),
         batch,
         seconds,
     )
     print(f"input, optimized : {optimized:10.1f} examples/s", flush=True)
-    naive = examples_per_second(naive_dataset(files, manifest, batch, compression), batch, seconds)
+    naive = examples_per_second(naive_dataset(files, task, manifest, batch, compression), batch, seconds)
     print(f"input, naive     : {naive:10.1f} examples/s   speedup {optimized / naive:.2f}x", flush=True)
     return optimized, naive
 
@@ -217,17 +220,17 @@ def compare_orders(cfg, manifest: dict, files: list[str], counts, seconds: float
     }
 
 
-def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: float, seconds: float) -> dict:
+def compare_training(cfg, task, resolved, manifest: dict, chosen: str, optimized: float, seconds: float) -> dict:
     """Training steps/s of the model on synthetic data in both precisions and on the real input
     (`optimized`: the input's examples/s, printed beside the synthetic rate)."""
     batch = cfg.train.global_batch_size
     spe = cfg.train.steps_per_execution if isinstance(cfg.train.steps_per_execution, int) else 4
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, spe)
     per_replica = batch // resolved.replicas
 
     def synthetic(context):
-        return tf.data.Dataset.from_tensors(tasks.current().synthetic_batch(per_replica, manifest)).repeat()
+        return tf.data.Dataset.from_tensors(task.synthetic_batch(per_replica, manifest)).repeat()
 
     synthetic_rate = training_steps_per_second(
         model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
@@ -241,7 +244,7 @@ def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: floa
     other = "float32" if chosen == "bfloat16" else "bfloat16"
     with precision.policy("mixed_bfloat16" if other == "bfloat16" else "float32"):  # restored whatever happens
         with resolved.strategy.scope():
-            other_model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
+            other_model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, spe)
         other_rate = training_steps_per_second(
             other_model, resolved.strategy.distribute_datasets_from_function(synthetic), spe, seconds
         )
@@ -253,7 +256,14 @@ def compare_training(cfg, resolved, manifest: dict, chosen: str, optimized: floa
         flush=True,
     )
     real_dataset, _ = input_pipeline.distributed_dataset(
-        resolved.strategy, cfg.data.dir, manifest, "train", batch, training=True, shuffle_buffer=cfg.data.shuffle_buffer
+        resolved.strategy,
+        cfg.data.dir,
+        task,
+        manifest,
+        "train",
+        batch,
+        training=True,
+        shuffle_buffer=cfg.data.shuffle_buffer,
     )
     real_rate = training_steps_per_second(model, real_dataset, spe, seconds)
     return {"synthetic": synthetic_rate, "real": real_rate, "bfloat16_over_float32": bf16_over_f32}
@@ -276,20 +286,20 @@ class _Timer(keras.callbacks.Callback):
         return (len(self.ends) - 1) * self.spe / (self.ends[-1] - self.ends[0])
 
 
-def bare_rate(cfg, resolved, manifest, spe: int) -> float:
+def bare_rate(cfg, task, resolved, manifest, spe: int) -> float:
     keras.backend.clear_session()
     with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, spe)
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, spe)
     timer = _Timer(spe)
-    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
+    dataset = input_pipeline.training_dataset(cfg, task, resolved, manifest, seed=cfg.runtime.seed)
     model.fit(dataset, epochs=1, steps_per_epoch=cfg.train.total_steps, callbacks=[timer], verbose=0)
     return timer.rate()
 
 
-def trainer_rate(cfg, workdir: str, round_: int) -> tuple[float, dict]:
+def trainer_rate(cfg, task, workdir: str, round_: int) -> tuple[float, dict]:
     keras.backend.clear_session()
     run = replace(cfg, runtime=replace(cfg.runtime, output_dir=f"{workdir}/trainer{round_}"))
-    metrics = Trainer(run).run()
+    metrics = Trainer(run, task).run()
     return metrics["examples_per_second"] / cfg.effective_batch_size, metrics
 
 
@@ -306,18 +316,21 @@ def host_peaks(cfg, resolved, seconds: float) -> dict:
     return {"host_peak_tflops": {name: round(value / 1e12, 3) for name, value in peaks.items()}}
 
 
-def trainer_over_bare(cfg, resolved, manifest: dict, rounds: int) -> dict:
+def trainer_over_bare(cfg, task, resolved, manifest: dict, rounds: int) -> dict:
     """The trainer's steps/s over a bare fit's, alternating `rounds` times; the trainer's MFU."""
-    cfg = replace(cfg, train=replace(cfg.train), runtime=replace(cfg.runtime))
-    spe, _ = choose_steps_per_execution(cfg, resolved, manifest)
-    cfg.train.steps_per_execution = spe
-    cfg.runtime.mixed_precision = precision.choose(cfg.runtime.mixed_precision, resolved.kind).precision
+    spe, _ = spe_lib.choose_for(cfg, task, resolved, manifest)
+    chosen = precision.choose(cfg.runtime.mixed_precision, resolved.kind).precision
+    cfg = replace(
+        cfg,
+        train=replace(cfg.train, steps_per_execution=spe),
+        runtime=replace(cfg.runtime, mixed_precision=chosen),
+    )
     trainer_rates, bare_rates, last = [], [], {}
     with tempfile.TemporaryDirectory() as workdir:
         for round_ in range(rounds):
-            rate, last = trainer_rate(cfg, workdir, round_)
+            rate, last = trainer_rate(cfg, task, workdir, round_)
             trainer_rates.append(rate)
-            bare_rates.append(bare_rate(cfg, resolved, manifest, spe))
+            bare_rates.append(bare_rate(cfg, task, resolved, manifest, spe))
             print(
                 f"round {round_ + 1}: trainer {trainer_rates[-1]:8.2f} steps/s, "
                 f"bare model.fit {bare_rates[-1]:8.2f} steps/s",
@@ -349,9 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
             parser.add_argument("--rounds", type=int, default=2, help="trainer and bare-fit runs, alternating"),
         ),
+        registry=tasks,
     )
+    task = tasks.load(cfg.task)
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
     chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
     print(f"precision {chosen.describe()}", flush=True)
@@ -361,12 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bytes_per_example = train["bytes"] / max(train["num_examples"], 1)
     print(
         f"input: {len(files)} train shards, global batch {batch} over {resolved.replicas} replicas, "
-        f"{tasks.current().describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
+        f"{task.describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
         flush=True,
     )
-    optimized, naive = compare_inputs(cfg, resolved, manifest, files, counts, args.seconds)
+    optimized, naive = compare_inputs(cfg, task, resolved, manifest, files, counts, args.seconds)
     orders = compare_orders(cfg, manifest, files, counts, args.seconds)
-    training = compare_training(cfg, resolved, manifest, chosen.precision, optimized, args.seconds)
+    training = compare_training(cfg, task, resolved, manifest, chosen.precision, optimized, args.seconds)
     synthetic_rate, real_rate = training["synthetic"], training["real"]
     input_bound = real_rate < INPUT_BOUND_MARGIN * synthetic_rate
     print(
@@ -380,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bf16_over_f32 = training["bfloat16_over_float32"]
     peaks = host_peaks(cfg, resolved, args.seconds)
-    trainer = trainer_over_bare(cfg, resolved, manifest, args.rounds)
+    trainer = trainer_over_bare(cfg, task, resolved, manifest, args.rounds)
     print(
         json.dumps(
             {

@@ -32,16 +32,15 @@ from .core.model import build_model, compile_model
 MIB = 2**20
 
 
-def child(cfg, batch: int, steps: int) -> dict:
+def child(cfg, task, batch: int, steps: int) -> dict:
     """Trains `steps` steps of `batch` examples; the estimate and the peak resident memory."""
     chosen = precision.apply(cfg.runtime.mixed_precision, "cpu").precision
-    task = tasks.current()
     try:
-        manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+        manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
     except Exception:  # noqa: BLE001 - no data yet: the model's nominal shapes do
         manifest = task.nominal_manifest(cfg.data)
-    model = compile_model(build_model(cfg, manifest), cfg, manifest, 1)
-    plan = memory.Planner(cfg, manifest, task).plan(batch, 0, precision_name=chosen)
+    model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, 1)
+    plan = memory.Planner(cfg, task, manifest).plan(batch, 0, precision_name=chosen)
     data = tf.data.Dataset.from_tensors(task.synthetic_batch(batch, manifest)).repeat()
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -56,9 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--steps", type=int, default=3, help="training steps per batch size")
         parser.add_argument("--child", type=int, default=0, help="(internal) measure one batch size in this process")
 
-    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, arguments)
+    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, arguments, registry=tasks)
     if args.child:
-        print(json.dumps(child(cfg, args.child, args.steps)))
+        print(json.dumps(child(cfg, tasks.load(cfg.task), args.child, args.steps)))
         return 0
     per_replica = max(1, cfg.train.global_batch_size // max(1, cfg.runtime.cpu_devices))
     small, large = [int(value) for value in args.batches.split(",")] if args.batches else (per_replica, 8 * per_replica)
@@ -88,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         json.dumps(
             {
-                "task": tasks.current().name,
+                "task": cfg.task,
                 "batches": [small, large],
                 "precision": measured[0]["precision"],
                 "measured_growth_mib": round(grown, 1),

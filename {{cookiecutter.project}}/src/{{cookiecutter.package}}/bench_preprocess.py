@@ -39,10 +39,10 @@ from .core.errors import UserError, run_cli
 from .core.task import RawRejection, Rejected
 
 
-def replicate(input_root: str, min_files: int, destination: Path) -> tuple[str, int]:
-    """(folder with at least `min_files` raw files, how many): `input_root` itself when it has
-    enough, else copies of its files (renamed `<stem>_copyN<ext>`) under `destination`."""
-    paths = tasks.current().list_raw(input_root).units
+def replicate(input_root: str, task, min_files: int, destination: Path) -> tuple[str, int]:
+    """(folder with at least `min_files` raw files of `task`, how many): `input_root` itself when it
+    has enough, else copies of its files (renamed `<stem>_copyN<ext>`) under `destination`."""
+    paths = task.list_raw(input_root).units
     if len(paths) >= min_files:
         return input_root, len(paths)
     copies = math.ceil(min_files / len(paths))
@@ -60,9 +60,8 @@ def replicate(input_root: str, min_files: int, destination: Path) -> tuple[str, 
     return str(destination), len(paths) * copies
 
 
-def read_all(input_root: str, eval_fraction: float) -> list:
-    """(split, RawExample) of every readable raw example, in listing order."""
-    task = tasks.current()
+def read_all(input_root: str, task, eval_fraction: float) -> list:
+    """(split, RawExample) of every raw example `task` reads, in listing order."""
     examples = []
     listing = task.list_raw(input_root)
     for relative in listing.units:
@@ -73,11 +72,10 @@ def read_all(input_root: str, eval_fraction: float) -> list:
     return examples
 
 
-def plain_loop(input_root: str, output: str, data, num_shards: int, compression: str) -> int:
+def plain_loop(input_root: str, output: str, task, data, num_shards: int, compression: str) -> int:
     """The same work as the pipeline (the task's `pack` included), in one process; returns the number
     of records written."""
-    task = tasks.current()
-    examples = read_all(input_root, data.eval_fraction)
+    examples = read_all(input_root, task, data.eval_fraction)
     categories = preprocessing.categories_of(task, (example for _, example in examples))
     artifacts = {}
     if task.needs_fit:
@@ -105,11 +103,10 @@ def plain_loop(input_root: str, output: str, data, num_shards: int, compression:
     return written
 
 
-def warm_up(input_root: str, data) -> None:
+def warm_up(input_root: str, task, data) -> None:
     """Imports and first-use costs (TensorFlow's protos, decoders) paid before timing, on the
     first example the task accepts: a rejected one is skipped, as preprocessing does."""
-    task = tasks.current()
-    for _, example in read_all(input_root, data.eval_fraction)[:50]:
+    for _, example in read_all(input_root, task, data.eval_fraction)[:50]:
         try:
             task.encode(example, 0, data, {})
             return
@@ -126,10 +123,11 @@ def timed(label: str, function, *args) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
-def run_beam(input_root: str, output: str, data, num_shards: int, compression: str, *beam_args: str) -> int:
+def run_beam(input_root: str, output: str, task, data, num_shards: int, compression: str, *beam_args: str) -> int:
     status = preprocessing.run(
         input_root,
         output,
+        task,
         data,
         ["--runner=FnApiRunner", *beam_args],
         topology.topology().hosts,
@@ -230,7 +228,7 @@ def compare_multi_worker(input_root: str, scratch: Path, common: tuple, workers:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", required=True, help=f"raw data, {tasks.current().raw_format} (local)")
+    parser.add_argument("--input", required=True, help=f"raw data, {tasks.load(tasks.DEFAULT).raw_format} (local)")
     parser.add_argument("--config", help="config file whose data.* keys to use")
     parser.add_argument(
         "--min_files",
@@ -249,20 +247,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. data.eval_fraction=0.2")
     args = parser.parse_args(argv)
+    cfg = config_lib.load(args.config, args.overrides, registry=tasks)
+    task, data = tasks.load(cfg.task), cfg.data
     if not os.path.isdir(args.input):
-        raise UserError(
-            f"{args.input} is not a local folder; run `make data` or point RAW at {tasks.current().raw_format}"
-        )
+        raise UserError(f"{args.input} is not a local folder; run `make data` or point RAW at {task.raw_format}")
 
-    data = config_lib.load(args.config, args.overrides).data
     with tempfile.TemporaryDirectory(prefix="bench_preprocess-") as scratch:
         scratch = Path(scratch)
         (scratch / "raw").mkdir()
-        input_root, files = replicate(args.input, args.min_files, scratch / "raw")
+        input_root, files = replicate(args.input, task, args.min_files, scratch / "raw")
         # Not timed: TensorFlow's import (the Example protos) and the decoders' plugins, which the
         # in-process Beam runner and the loop would otherwise pay for unequally.
-        warm_up(input_root, data)
-        common = (data, args.num_shards, args.compression)
+        warm_up(input_root, task, data)
+        common = (task, data, args.num_shards, args.compression)
         print(f"{files} raw files, {args.num_shards} shards per split, compression {args.compression}", flush=True)
 
         figures, plain_s = compare_one_worker(input_root, scratch, common, args.repeats)

@@ -8,24 +8,26 @@ The last line is JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Sequence
 
+from . import tasks
 from .core import config as config_lib
+from .core import steps_per_execution as spe_lib
 from .core import distribute, input_pipeline, precision
 from .core.errors import run_cli
-from .core.trainer import choose_steps_per_execution
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
-    cfg.train.steps_per_execution = "auto"
+    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv, registry=tasks)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps_per_execution="auto"))
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, tasks.load(cfg.task), cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
     print(f"precision {precision.apply(cfg.runtime.mixed_precision, resolved.kind).describe()}", flush=True)
-    chosen, measurements = choose_steps_per_execution(cfg, resolved, manifest)
+    chosen, measurements = spe_lib.choose_for(cfg, tasks.load(cfg.task), resolved, manifest)
     rate = {m.steps_per_execution: m.steps_per_second for m in measurements}
     best = max(rate.values())
     print(

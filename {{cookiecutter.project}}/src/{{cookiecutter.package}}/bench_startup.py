@@ -21,12 +21,13 @@ import sys
 import tempfile
 from typing import Sequence
 
+from . import tasks
 from .core import config as config_lib
 from .core import input_pipeline
 from .core import steps_per_execution as spe_lib
 from .core.goodput import BEFORE_FIRST_STEP, time_to_first_step
 from .core.errors import UserError, run_cli
-from .core.run_dir import read_metrics
+from .core.run_dir import RunRecord
 
 
 def start(config_file: str, overrides: list[str], output_dir: str, total_steps: int, cache: str) -> dict:
@@ -49,13 +50,15 @@ def start(config_file: str, overrides: list[str], output_dir: str, total_steps: 
     for line in result.stdout.splitlines():
         if line.startswith(("time to first step", "steps_per_execution", "calibrating", "  chose")):
             print(f"    {line.strip()}", flush=True)
-    return read_metrics(output_dir)["goodput"]["per_start"][-1]
+    return RunRecord(output_dir).last_start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv)
+    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, registry=tasks)
     overrides = [item for item in args.overrides if not item.startswith(("runtime.output_dir=", "train.total_steps="))]
-    input_pipeline.read_manifest(cfg.data.dir, cfg.data)  # no data: the one-line error, before any run
+    input_pipeline.read_manifest(
+        cfg.data.dir, tasks.load(cfg.task), cfg.data
+    )  # no data: the one-line error, before any run
     interval = spe_lib.limit(cfg.train)
 
     seconds = {}

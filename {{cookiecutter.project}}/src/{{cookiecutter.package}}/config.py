@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from .core.config import _unknown_key, all_keys, dump, load
+from . import tasks
+from .core.config import all_keys, dump, load, unknown_key
 from .core.errors import run_cli
 
 
@@ -22,13 +23,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--get", metavar="KEY", help="print only this dotted key, e.g. runtime.output_dir")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value")
     args = parser.parse_args(argv)
-    config = load(args.config, args.overrides)
+    config = load(args.config, args.overrides, registry=tasks)
     if args.get == "task":
         print(config.task)
     elif args.get:
         section, _, name = args.get.partition(".")
         if args.get not in all_keys(config):
-            raise _unknown_key(args.get, "in --get")
+            raise unknown_key(args.get, "in --get", config, tasks)
         print(getattr(getattr(config, section), name))
     else:
         print(dump(config), end="")

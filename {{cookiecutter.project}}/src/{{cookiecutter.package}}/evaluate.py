@@ -18,19 +18,20 @@ import tensorflow as tf
 
 from .core import config as config_lib
 from . import tasks
-from .core import baselines, distribute, input_pipeline, precision
+from .core import distribute, input_pipeline, precision
 from .core.errors import UserError, run_cli
-from .core.evaluation import describe, evaluate_model
+from .core.evaluation import describe, evaluate_model, judged
 from .core.model import build_model, compile_model, metric_names
-from .core.run_dir import RunRecord, latest_checkpoint, run_path
-from .core.trainer import out_of_memory_reported, restore_newest_readable
+from .core.levers import out_of_memory_reported
+from .core.run_dir import RunRecord, latest_checkpoint, restore_newest_readable, run_path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
+    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv, registry=tasks)
+    task = tasks.load(cfg.task)
 
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
     latest = latest_checkpoint(cfg.runtime.output_dir)
     if latest is None:
         raise UserError(
@@ -42,10 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The precision that runs, in a new config (the levers of an out-of-memory line depend on it).
     cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mixed_precision=chosen.precision))
     print(f"precision {chosen.describe()}", flush=True)
-    with out_of_memory_reported(cfg, manifest, resolved):
+    with out_of_memory_reported(cfg, task, manifest, resolved):
         with resolved.strategy.scope():
-            model = build_model(cfg, manifest)
-            compile_model(model, cfg, manifest, 1)
+            model = build_model(cfg, task, manifest)
+            compile_model(model, cfg, task, manifest, 1)
             checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         # The newest checkpoint that can be read, as `make train` restores: a save cut short falls
         # back to the one before, with a one-line note (the input's cursor is training's only).
@@ -53,16 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         latest = restore_newest_readable(checkpoint, manager)
         step = int(model.optimizer.iterations.numpy())
         print(f"evaluating {latest} (step {step})", flush=True)
-        metrics = evaluate_model(model, resolved.strategy, cfg, manifest)
+        metrics = evaluate_model(model, resolved.strategy, cfg, task, manifest)
     record = RunRecord(cfg.runtime.output_dir)
     record.update(
-        **metrics,
-        global_step=step,
-        examples_per_second=record.get("examples_per_second", metrics["eval_examples_per_second"]),
-        **baselines.summary(metrics[tasks.current().headline_metric], manifest.get("baselines")),
+        **judged(metrics, step, task, manifest),
+        examples_per_second=record.examples_per_second or metrics["eval_examples_per_second"],
     )
     path = record.write()
-    described = describe(metrics, metric_names(cfg, manifest), manifest.get("baselines"))
+    described = describe(metrics, metric_names(cfg, task, manifest), task, manifest.get("baselines"))
     print(f"eval {described} on {metrics['eval_examples']} examples at step {step} -> {path}")
     return 0
 

@@ -3,7 +3,7 @@
     python -m {{ cookiecutter.package }}.new_task NAME
 
 Writes src/{{ cookiecutter.package }}/tasks/NAME/ (every contract method, documented, with a toy
-regression on generated CSV rows), configs/NAME/{local,tpu,pod}.yaml and tests/test_task_NAME.py,
+regression on generated CSV rows), configs/NAME/{base,local,tpu,pod}.yaml and tests/test_task_NAME.py,
 from tasks/_skeleton/. The new task passes the contract tests as written; its README.md is the
 checklist of what to replace. Nothing else in the project changes: tasks are found by folder.
 """

@@ -24,6 +24,8 @@ batch, which it does not change.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -184,18 +186,18 @@ def compare(make_model: Callable, batches: list, one, replicated, tolerance: flo
     )
 
 
-def global_batches(cfg: config_lib.Config, manifest: dict, steps: int) -> list:
+def global_batches(cfg: config_lib.Config, task, manifest: dict, steps: int) -> list:
     """`steps` global batches of the train split as numpy (features, targets), augmented once."""
     files, examples_per_file = input_pipeline.split_files(cfg.data.dir, manifest, "train")
-    dataset = input_pipeline.make_dataset(
+    dataset = input_pipeline.train_pipeline(
         files,
         examples_per_file,
+        task,
         manifest,
         cfg.train.global_batch_size,
-        training=True,
-        compression=manifest.get("compression", "none"),
         seed=cfg.runtime.seed,
         shuffle_buffer=cfg.data.shuffle_buffer,
+        compression=manifest.get("compression", "none"),
     )
     return [tf.nest.map_structure(lambda tensor: tensor.numpy(), batch) for batch in dataset.take(steps)]
 
@@ -232,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--steps", type=int, default=6, help="global batches to train on each side")
         parser.add_argument("--tolerance", type=float, default=1e-3, help="relative loss difference allowed")
 
-    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, add_arguments)
+    cfg, args = config_lib.command_line(__doc__.split("\n\n")[0], argv, add_arguments, registry=tasks)
+    task = tasks.load(cfg.task)
     # Each side's model traces its own step functions: TensorFlow's retracing warning says nothing here.
     tf.get_logger().setLevel(logging.ERROR)
     if args.steps < 1:
@@ -244,20 +247,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runtime.cpu_devices=8 (the local configs' default)"
         )
     target.per_replica_batch_size(cfg.train.global_batch_size)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
     chosen = precision.choose(cfg.runtime.mixed_precision, target.kind).precision
-    cfg.train.gradient_accumulation_steps = 1
-    batches = global_batches(cfg, manifest, args.steps)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, gradient_accumulation_steps=1))
+    batches = global_batches(cfg, task, manifest, args.steps)
     off = []
 
     def make_model():
-        model = build_model(cfg, manifest)
+        model = build_model(cfg, task, manifest)
         off.append(dropout_off(model))
-        return compile_model(model, cfg, manifest, 1)
+        return compile_model(model, cfg, task, manifest, 1)
 
     print(
         f"parity: {args.steps} global batches of {cfg.train.global_batch_size} from the same initial weights on one "
-        f"device and on {target.replicas} replicas ({target.kind}), float32, task {tasks.current().name}",
+        f"device and on {target.replicas} replicas ({target.kind}), float32, task {task.name}",
         flush=True,
     )
     precision.set_policy("float32")

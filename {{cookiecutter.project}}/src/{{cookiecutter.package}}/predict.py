@@ -40,8 +40,7 @@ def predict(run_dir: str, inputs: Sequence[str]) -> list[tuple[str, dict]]:
     import tensorflow as tf
 
     serve, manifest, export_dir = load_export(run_dir)
-    tasks.select(manifest["task"], f"(the task of {export_dir})")
-    task = tasks.current()
+    task = tasks.load(manifest["task"], f"(the task of {export_dir})")
     names, batch = task.predict_inputs(inputs, export_dir, manifest)
     batch = tf.nest.map_structure(tf.constant, batch)
     # A signature of several inputs takes them by name (the task's batch is then a dict of them).

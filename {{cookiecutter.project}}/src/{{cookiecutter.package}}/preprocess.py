@@ -29,7 +29,9 @@ def parse_args(argv: Sequence[str] | None):
         epilog="key=value arguments override the config (e.g. data.eval_fraction=0.2); "
         "other arguments are passed to Beam as pipeline options.",
     )
-    parser.add_argument("--input", required=True, help=f"raw data: {tasks.current().raw_format} (local or gs://)")
+    parser.add_argument(
+        "--input", required=True, help=f"raw data: {tasks.load(tasks.DEFAULT).raw_format} (local or gs://)"
+    )
     parser.add_argument("--output", required=True, help="folder for shards and manifest.json (local or gs://)")
     parser.add_argument("--config", help="config file whose data.* keys to use (default: the built-in defaults)")
     parser.add_argument("--num_shards", type=int, help="shards per split (default: from the data size)")
@@ -47,11 +49,18 @@ def parse_args(argv: Sequence[str] | None):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, overrides, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    data = config_lib.load(args.config, overrides).data
+    cfg = config_lib.load(args.config, overrides, registry=tasks)
     if args.num_shards is not None and args.num_shards < 1:
         raise UserError(f"--num_shards must be at least 1, got {args.num_shards}")
     return preprocessing.run(
-        args.input, args.output, data, beam_args, args.reading_hosts, args.num_shards, args.compression
+        args.input,
+        args.output,
+        tasks.load(cfg.task),
+        cfg.data,
+        beam_args,
+        args.reading_hosts,
+        args.num_shards,
+        args.compression,
     )
 
 

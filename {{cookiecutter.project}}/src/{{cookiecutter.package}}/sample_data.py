@@ -24,10 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--small", action="store_true", help="a few hundred examples, for quick tries and tests")
     args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config)
+    cfg = config_lib.load(args.config, registry=tasks)
     output = Path(args.output or cfg.data.raw)
     print(f"writing sample data to {output}/", flush=True)
-    print(tasks.current().write_sample_data(output, seed=args.seed, small=args.small))
+    print(tasks.load(cfg.task).write_sample_data(output, seed=args.seed, small=args.small))
     return 0
 
 

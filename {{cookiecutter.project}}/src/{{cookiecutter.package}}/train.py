@@ -7,6 +7,8 @@ A run lives in `runtime.output_dir`: config.yaml (the resolved config), checkpoi
 Running the same command again resumes from the latest checkpoint. SIGTERM (a spot or
 preemptible TPU VM being reclaimed, maintenance) saves a checkpoint and exits with status 143
 within one execution of `steps_per_execution` steps; a NaN loss stops the run without saving.
+A run that finished, or stopped early (`train.early_stop_patience`), is evaluated again, not
+trained further; a larger `train.total_steps` trains a finished one on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import sys
 from typing import Sequence
 
+from . import tasks
 from .core import config as config_lib
 from .core.errors import run_cli
 from .core.trainer import Preempted, train
@@ -25,9 +28,9 @@ PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv)
+    cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv, registry=tasks)
     try:
-        train(cfg)
+        train(cfg, tasks.load(cfg.task))
     except Preempted:
         return PREEMPTED_EXIT_STATUS
     return 0

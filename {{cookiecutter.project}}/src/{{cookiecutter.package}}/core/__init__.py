@@ -1,25 +1,34 @@
-"""The library every command shares, in the order of the data path:
+"""The library every command shares, by room. A room's modules import the rooms above it and each
+other, never a room below (tests/test_layout.py holds the arrows one way, reading this map):
 
-    config                 typed config: YAML files + dotted.key=value overrides
+plumbing
+    errors, native_logs    one-line user errors; TensorFlow's C++ log filter
+    keras, gcp             the one Keras import; Cloud Storage credentials
+contract
+    config                 typed config: a base YAML + deltas + dotted.key=value overrides
     task                   the contract a task implements (tasks/ holds them)
-    preprocessing          the Beam pipeline: raw files -> TFRecords + manifest
+platform
     topology, distribute   where it runs: TPU type, hosts, replicas; the strategy
+    preemption, profiler   metadata notices; the profiler server
+data
+    preprocessing          the Beam pipeline: raw files -> TFRecords + manifest
     baselines              the trivial baselines of the data, fitted at preprocessing
     input_pipeline         TFRecords -> static batches on every replica
     input_cursor           the train input's position in every checkpoint (exact resume)
-    precision, keras       bfloat16 or float32; the one Keras import
-    model, schedule        the task's network, compiled with optimizer, loss and metrics; the learning rate
+    run_dir                the run directory: paths, metrics.json (RunRecord), checkpoints' restore, export
+model
+    precision, schedule    bfloat16 or float32; the learning rate
+    model                  the task's network, compiled with optimizer, loss and metrics
     optimizers, recompute  the optimizers (Adafactor's factored moments); recomputed blocks (model.remat)
-    memory, levers         the step's memory plan and FLOPs from shapes; the memory levers
-    utilisation            model FLOPs per step, TFLOP/s per chip and MFU against the chip's peak
-    trainer                one start of a run, step by step (Trainer.run)
-    callbacks              between executions: logs, checkpoints, preemption, evaluation, ...
+    memory, levers         the step's memory plan and FLOPs from shapes; the memory levers and the
+                           one line an out-of-memory error becomes
+loop
+    trainer                one start of a run, step by step (Trainer.run), values in and out
+    callbacks              between executions: logs, checkpoints, preemption, evaluation, early stop
     steps_per_execution    the start's steps_per_execution: fixed, stored or measured
     evaluation             every eval example exactly once
-    run_dir                the run directory: paths, metrics.json (RunRecord), export
-    goodput, profiler, preemption, gcp, errors, native_logs
-                           the phase clock and its record; profiler server; metadata notices;
-                           Cloud Storage credentials; one-line user errors; TensorFlow's C++ log filter
+    goodput                the phase clock, each start's record and how it ended
+    utilisation            model FLOPs per step, TFLOP/s per chip and MFU against the chip's peak
 
 Nothing here is run as a command, and nothing here names a task.
 """

@@ -11,14 +11,20 @@ order (trainer.py, `Trainer.callbacks`):
     ProfileWindow       traces runtime.profile_steps
     Checkpoints         a checkpoint every train.checkpoint_every steps
     Preemption          SIGTERM or a metadata notice: a checkpoint now, then stop
-    PeriodicEvaluation  every train.eval_every steps; the best one's checkpoint is kept apart
+    PeriodicEvaluation  every train.eval_every steps: `eval_<metric>` into Keras' logs; the best
+                        evaluation's checkpoint (by a monitor and a mode) is kept apart
+    EarlyStopping       train.early_stop_patience evaluations without improvement: stop
+    ... the task's own  `Task.callbacks` (core/task.py): any Keras callback, after these
 
-Another concern (an early stop, a metric upload) is another subclass of `BetweenExecutions` added
-to that list; none of these needs to know about it.
+A callback reads what it needs from Keras' `logs` and its constructor, and hands what it learned to
+the trainer through the one `Report` it is given; nothing reads a callback's attributes. Another
+concern (a metric upload, a custom stop) is another callback in that list: a Keras callback sees
+`eval_<metric>` in the logs of the executions that evaluated.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import time
@@ -27,10 +33,51 @@ from typing import Callable
 import tensorflow as tf
 
 from . import goodput, preemption, schedule
-from .. import tasks
 from .errors import UserError
 from .keras import keras
 from .run_dir import checkpoint_step, run_path
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """Why training stopped before `train.total_steps`: `end` is one of goodput's ends (PREEMPTED,
+    STOPPED_EARLY); `detail` says what asked for it."""
+
+    end: str
+    detail: str
+
+
+@dataclasses.dataclass
+class Report:
+    """What the callbacks learned during fit, for the trainer. Each field is written by the one
+    callback named beside it and read after fit returns."""
+
+    step: int
+    """The optimizer's step fit reached (FirstExecution, at every boundary)."""
+    first_step: int = 0
+    """The step after the first execution, from which throughput is measured (FirstExecution)."""
+    first_time: float | None = None
+    """perf_counter at the end of the first execution (FirstExecution); None: no step ran."""
+    end_time: float = 0.0
+    """perf_counter when fit ended (FirstExecution)."""
+    utilisation: object | None = None
+    """The model FLOPs per step against the chip's peak (StepLog, after the first execution)."""
+    save_seconds: list[float] = dataclasses.field(default_factory=list)
+    """The wall seconds of each checkpoint save (Checkpoints, Preemption)."""
+    history: list[dict] = dataclasses.field(default_factory=list)
+    """Every periodic evaluation of the run, earlier starts' included: {"step", metric: value}
+    (PeriodicEvaluation)."""
+    evaluation_seconds: float = 0.0
+    """Wall seconds of this start's periodic evaluations (PeriodicEvaluation)."""
+    stop: Stop | None = None
+    """Why training stopped early, if it did (Preemption, EarlyStopping)."""
+
+    def examples_per_second(self, batch_size: int) -> float:
+        """Training throughput after the first execution, the periodic evaluations left out; NaN when
+        no step was timed."""
+        elapsed = self.end_time - (self.first_time or self.end_time) - self.evaluation_seconds
+        steps = self.step - self.first_step
+        return steps * batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
 
 def crossed(every: int, previous: int, step: int) -> bool:
@@ -56,30 +103,25 @@ class BetweenExecutions(keras.callbacks.Callback):
 
 
 class FirstExecution(BetweenExecutions):
-    """Ends the clock's first-execution phase at the first boundary and prints the time to first
-    step; keeps what the training throughput is measured from (the first execution excluded)."""
+    """Books the first execution (fit's set-up, tracing, compilation: the training phase so far) to
+    its own phase of the clock at the first boundary and prints the time to first step; reports the
+    step reached at every boundary and what training throughput is measured from."""
 
-    def __init__(self, initial_step: int, clock: goodput.PhaseClock):
+    def __init__(self, initial_step: int, clock: goodput.PhaseClock, report: Report):
         super().__init__(initial_step)
-        self.clock = clock
-        self.first_step, self.first_time = initial_step, None
-        self.end_time = time.perf_counter()
+        self.clock, self.report = clock, report
+        report.first_step = initial_step
 
     def on_execution_end(self, step, previous, logs):
-        if self.first_time is None:
-            self.first_step, self.first_time = step, time.perf_counter()
-            self.clock.start(goodput.TRAINING)
+        self.report.step = step
+        if self.report.first_time is None:
+            now = time.perf_counter()
+            self.report.first_step, self.report.first_time = step, now
+            self.clock.move_all(goodput.TRAINING, goodput.FIRST_EXECUTION)  # fit's set-up included
             print(self.clock.describe_first_step(), flush=True)
 
     def on_train_end(self, logs=None):
-        self.end_time = time.perf_counter()
-
-    def examples_per_second(self, batch_size: int, excluded_seconds: float = 0.0) -> float:
-        """Training throughput after the first execution, `excluded_seconds` (evaluations) left out;
-        NaN when no step was timed."""
-        elapsed = self.end_time - (self.first_time or self.end_time) - excluded_seconds
-        steps = self.step - self.first_step
-        return steps * batch_size / elapsed if steps and elapsed > 0 else float("nan")
+        self.report.end_time = time.perf_counter()
 
 
 class NonFiniteLoss(UserError):
@@ -108,9 +150,17 @@ class StepLog(BetweenExecutions):
     the learning rate and the throughput; the same in TensorBoard. Metrics are reset after each
     line, so each covers the steps since the one before (Keras would report means since fit began)."""
 
-    def __init__(self, initial_step: int, cfg, writer, metric_names: list[str], utilisation: Callable[[], object]):
+    def __init__(
+        self,
+        initial_step: int,
+        cfg,
+        writer,
+        metric_names: list[str],
+        utilisation: Callable[[], object],
+        report: Report,
+    ):
         super().__init__(initial_step)
-        self.cfg, self.writer, self.metric_names = cfg, writer, metric_names
+        self.cfg, self.writer, self.metric_names, self.report = cfg, writer, metric_names, report
         self.peak = schedule.scaled_learning_rate(
             cfg.train.base_learning_rate, cfg.effective_batch_size, cfg.train.base_batch_size
         )
@@ -125,7 +175,7 @@ class StepLog(BetweenExecutions):
     def on_execution_end(self, step, previous, logs):
         now = time.perf_counter()
         if self.last_time is None:  # the first execution (compilation) is not timed
-            self.utilisation = self.make_utilisation()
+            self.utilisation = self.report.utilisation = self.make_utilisation()
             print(self.utilisation.describe(), flush=True)
             now = time.perf_counter()
             self.last_step, self.last_time = step, now
@@ -203,40 +253,43 @@ class ProfileWindow(BetweenExecutions):
 
 
 class Checkpoints(BetweenExecutions):
-    """A checkpoint at every `train.checkpoint_every` boundary; `save` times each one (the time a
-    preemption notice must leave for it)."""
+    """A checkpoint at every `train.checkpoint_every` boundary; `save` times each one into the
+    report (the time a preemption notice must leave for it)."""
 
-    def __init__(self, initial_step: int, manager: tf.train.CheckpointManager, checkpoint_every: int):
+    def __init__(self, initial_step: int, manager: tf.train.CheckpointManager, checkpoint_every: int, report: Report):
         super().__init__(initial_step)
-        self.manager, self.checkpoint_every = manager, checkpoint_every
-        self.save_seconds: list[float] = []
+        self.manager, self.checkpoint_every, self.report = manager, checkpoint_every, report
 
     def on_execution_end(self, step, previous, logs):
         if crossed(self.checkpoint_every, previous, step):
             self.save(step)
 
     def save(self, step: int) -> None:
-        started = time.perf_counter()
-        self.manager.save(checkpoint_number=step)
-        self.save_seconds.append(time.perf_counter() - started)
+        save_checkpoint(self.manager, step, self.report)
 
-    def saved(self, step: int) -> bool:
-        latest = self.manager.latest_checkpoint
-        return latest is not None and checkpoint_step(latest) == step
+
+def save_checkpoint(manager: tf.train.CheckpointManager, step: int, report: Report) -> None:
+    """A checkpoint of `step`, unless the newest one already is; its wall seconds into the report."""
+    latest = manager.latest_checkpoint
+    if latest is not None and checkpoint_step(latest) == step:
+        return
+    started = time.perf_counter()
+    manager.save(checkpoint_number=step)
+    report.save_seconds.append(time.perf_counter() - started)
 
 
 class Preemption(BetweenExecutions):
     """SIGTERM (a Spot or preemptible VM being reclaimed) or a preemption/maintenance notice from the
-    metadata server: a checkpoint at the next boundary, then training stops; the trainer raises
-    `Preempted` and the command exits with status 143.
+    metadata server: a checkpoint at the next boundary, then training stops; the report says
+    why, the trainer raises `Preempted` and the command exits with status 143.
 
     The signal handler and the watcher thread only set `reason`; everything else happens here,
     between executions. `watching()` installs both for the duration of fit.
     """
 
-    def __init__(self, initial_step: int, checkpoints: Checkpoints, poll_seconds: float):
+    def __init__(self, initial_step: int, manager: tf.train.CheckpointManager, poll_seconds: float, report: Report):
         super().__init__(initial_step)
-        self.checkpoints, self.poll_seconds = checkpoints, poll_seconds
+        self.manager, self.poll_seconds, self.report = manager, poll_seconds, report
         self.reason = ""
 
     def request_stop(self, signum, frame) -> None:  # the signal handler: only a flag
@@ -250,8 +303,8 @@ class Preemption(BetweenExecutions):
 
     def on_execution_end(self, step, previous, logs):
         if self.reason:
-            if not self.checkpoints.saved(step):
-                self.checkpoints.save(step)
+            save_checkpoint(self.manager, step, self.report)
+            self.report.stop = Stop(goodput.PREEMPTED, self.reason)
             self.model.stop_training = True
 
 
@@ -278,53 +331,101 @@ class _Watching:
 
 class PeriodicEvaluation(BetweenExecutions):
     """Every `train.eval_every` steps before the last: the same exactly-once evaluation as at the
-    end, its metrics in the history and TensorBoard, and the best one's checkpoint kept in its own
-    folder (the rotation of keep_checkpoints never deletes it). Not started once training stops."""
+    end, its metrics into Keras' `logs` as `eval_<metric>` (for the callbacks after it), into the
+    report's history and TensorBoard, and the checkpoint of the best evaluation by `monitor` (an
+    `eval_<metric>` name) in `mode` ('max' or 'min') kept in its own folder, which the rotation of
+    keep_checkpoints never deletes. Not started once training stops."""
 
     def __init__(
         self,
         initial_step: int,
-        cfg,
+        every: int,
+        total_steps: int,
         evaluate: Callable[[], dict],
         best_manager: tf.train.CheckpointManager,
-        history: list[dict],
+        monitor: str,
+        mode: str,
         metric_names: list[str],
         write_summaries: Callable[[dict, int], None],
         describe: Callable[[dict], str],
+        report: Report,
     ):
         super().__init__(initial_step)
-        self.every, self.total_steps = cfg.train.eval_every, cfg.train.total_steps
-        self.evaluate, self.best_manager, self.history = evaluate, best_manager, history
-        self.metric_names, self.write_summaries, self.describe = metric_names, write_summaries, describe
-        self.seconds = 0.0
+        self.every, self.total_steps, self.evaluate, self.best_manager = every, total_steps, evaluate, best_manager
+        self.monitor, self.mode, self.metric_names = monitor, mode, metric_names
+        self.write_summaries, self.describe, self.report = write_summaries, describe, report
 
     def on_execution_end(self, step, previous, logs):
         if self.model.stop_training or not crossed(self.every, previous, step) or step >= self.total_steps:
             return
         started = time.perf_counter()
         metrics = self.evaluate()
-        self.record(step, metrics)
-        self.seconds += time.perf_counter() - started
-        best = "  (best so far)" if self.best()["step"] == step else ""
-        print(f"eval at step {step}: {self.describe(metrics)}{best}", flush=True)
+        best = record_evaluation(self.report.history, step, metrics, self.metric_names, self.monitor, self.mode)
+        self.write_summaries(metrics, step)
+        if best:
+            self.best_manager.save(checkpoint_number=step)
+        logs.update({f"eval_{name}": metrics[name] for name in self.metric_names})
+        self.report.evaluation_seconds += time.perf_counter() - started
+        print(f"eval at step {step}: {self.describe(metrics)}{'  (best so far)' if best else ''}", flush=True)
         self.model.reset_metrics()  # evaluate() shares the compiled metrics with training
 
-    def record(self, step: int, metrics: dict) -> None:
-        """Adds an evaluation to the history (a rerun's evaluation of the same step replaces it)."""
-        entry = {"step": step, **{name: metrics[name] for name in self.metric_names}}
-        self.history[:] = [*(kept for kept in self.history if kept["step"] != step), entry]
-        self.write_summaries(metrics, step)
-        if self.best()["step"] == step:
-            self.best_manager.save(checkpoint_number=step)
 
-    def best(self) -> dict:
-        """The evaluation with the best headline metric, highest or lowest as the task says (the
-        earliest among equals)."""
-        task = tasks.current()
-        choose = max if task.higher_is_better else min
-        return choose(self.history, key=lambda entry: entry[task.headline_metric])
+class EarlyStopping(BetweenExecutions):
+    """Stops training after `patience` evaluations in a row whose `monitor` (an `eval_<metric>` in
+    the logs) did not improve on the best so far by more than `min_delta` in `mode` ('max' or 'min'),
+    as Keras' EarlyStopping does per epoch. `history` holds the run's earlier evaluations: a resumed
+    run counts on from where it stopped. The stop is reported; the run then finishes as usual (final
+    checkpoint, evaluation, export) and records that it stopped early."""
 
-    def summary(self) -> dict:
-        """`best_<headline>`, `best_step` and the history, for the run record."""
-        best, headline = self.best(), tasks.current().headline_metric
-        return {f"best_{headline}": best[headline], "best_step": best["step"], "history": self.history}
+    def __init__(self, initial_step: int, monitor: str, mode: str, patience: int, min_delta: float, history, report):
+        super().__init__(initial_step)
+        self.monitor, self.mode, self.patience, self.min_delta, self.report = monitor, mode, patience, min_delta, report
+        self.best, self.waited = None, 0
+        for entry in history:
+            self.observe(entry[metric_of(monitor)])
+
+    def observe(self, value: float) -> None:
+        better = self.best is None or (
+            value > self.best + self.min_delta if self.mode == "max" else value < self.best - self.min_delta
+        )
+        self.best, self.waited = (value, 0) if better else (self.best, self.waited + 1)
+
+    def on_execution_end(self, step, previous, logs):
+        if self.monitor not in logs or self.model.stop_training:
+            return
+        self.observe(float(logs[self.monitor]))
+        if self.waited >= self.patience:
+            self.report.stop = Stop(
+                goodput.STOPPED_EARLY,
+                f"{self.monitor} did not improve on {self.best:.4f} by more than {self.min_delta:g} in "
+                f"{self.waited} evaluations (train.early_stop_patience={self.patience})",
+            )
+            print(f"stopping early at step {step}: {self.report.stop.detail}", flush=True)
+            self.model.stop_training = True
+
+
+def metric_of(monitor: str) -> str:
+    """The metric an `eval_<metric>` monitor names, as the history keys it."""
+    return monitor.removeprefix("eval_")
+
+
+def record_evaluation(history: list[dict], step: int, metrics: dict, names: list[str], monitor: str, mode: str) -> bool:
+    """Adds an evaluation to `history` (a rerun's evaluation of the same step replaces it); whether it
+    is the best one by `monitor` in `mode`."""
+    entry = {"step": step, **{name: metrics[name] for name in names}}
+    history[:] = [*(kept for kept in history if kept["step"] != step), entry]
+    return best_evaluation(history, monitor, mode)["step"] == step
+
+
+def best_evaluation(history: list[dict], monitor: str, mode: str) -> dict:
+    """The evaluation with the best `monitor`, highest or lowest by `mode` (the earliest among equals)."""
+    choose = max if mode == "max" else min
+    return choose(history, key=lambda entry: entry[metric_of(monitor)])
+
+
+def evaluation_summary(history: list[dict], monitor: str, mode: str) -> dict:
+    """`best_<metric>`, `best_step` and the history, for the run record ({} without evaluations)."""
+    if not history:
+        return {}
+    best, metric = best_evaluation(history, monitor, mode), metric_of(monitor)
+    return {f"best_{metric}": best[metric], "best_step": best["step"], "history": history}

@@ -1,10 +1,16 @@
 """Typed configuration: YAML files under configs/, overridden by `dotted.key=value` arguments.
 
-A config names the task it trains (`task: <name>`, a package under tasks/); loading it selects
-that task, whose data and model keys join the shared ones. Every key is a dataclass field below
-(or in the task's config classes), with its meaning. A key that is not declared, or a value of
-the wrong type, is an error that names the key: a typo must never silently fall back to a default
-on a TPU that costs money by the hour.
+A config names the task it trains (`task: <name>`, a package under tasks/), whose data and model
+keys join the shared ones. Loading one reads the task's keys from the `registry` that the command
+passes in (the tasks package: its DEFAULT, available() and load(name)); the core imports no task.
+Every key is a dataclass field below (or in the task's config classes), with its meaning. A key
+that is not declared, or a value of the wrong type, is an error that names the key: a typo must
+never silently fall back to a default on a TPU that costs money by the hour.
+
+A config file may start from another: `extends: base.yaml` (a path relative to the file) reads that
+file first and sets this file's keys over it, so a file holds only what differs from its base. A base
+may extend another in turn; a base that is missing or a chain that comes back to a file is a one-line
+error. The shipped configs extend configs/base.yaml, the one file that spells out every key.
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ import argparse
 import dataclasses
 import difflib
 import logging
+import os
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence, Union
+from typing import Any, Literal, Protocol, Sequence, Union
 
 import yaml
 
@@ -78,6 +85,12 @@ class TrainConfig:
     eval_every: int = 0
     """Steps between evaluations during training (logged to TensorBoard's eval run; the best one's
     checkpoint is kept apart); 0 evaluates only at the end."""
+    early_stop_patience: int = 0
+    """Evaluations in a row without an improvement of the task's headline metric (in its direction)
+    by more than `early_stop_min_delta` after which training stops; 0: never. Needs `eval_every`."""
+    early_stop_min_delta: float = 0.0
+    """How much the headline metric must move in its direction to count as an improvement for
+    `early_stop_patience` (in the metric's units)."""
     max_seconds_per_execution: float = 5.0
     """Upper bound on the time of one execution that `steps_per_execution: auto` may choose: a
     preemption notice is acted on at the next execution boundary, and finishing the execution plus
@@ -127,26 +140,38 @@ class RuntimeConfig:
     order seeded by the step."""
 
 
-def _task():
-    from .. import tasks  # the task package is chosen by name; the core never names one
+class TaskRegistry(Protocol):
+    """The project's tasks as config loading reads them: the tasks package, passed in by the command."""
 
-    return tasks.current()
+    DEFAULT: str
+    """The task of a config without a `task:` key (the one the project was generated with)."""
+
+    def available(self) -> list[str]:
+        """The names of the project's tasks."""
+
+    def load(self, name: str, where: str = "") -> Any:
+        """The Task object of `name`; a name that is no task is a one-line UserError naming `where`."""
 
 
 @dataclass
 class Config:
-    task: str = field(default_factory=lambda: _task().name)
+    task: str
     """The task this config trains: a package under tasks/ (see tasks/__init__.py)."""
-    data: Any = field(default_factory=lambda: _task().data_config())
+    data: Any
     """The shared DataConfig keys plus the task's (e.g. image_size or seq_len)."""
-    model: Any = field(default_factory=lambda: _task().model_config())
+    model: Any
     """The task's model keys."""
-    objective: Any = field(default_factory=lambda: _task().objective_config())
+    objective: Any
     """The task's objective keys (what its loss and metrics are made with; none for some tasks)."""
-    predict: Any = field(default_factory=lambda: _task().predict_config())
+    predict: Any
     """The task's serving keys (what the export serves; none for most tasks)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @classmethod
+    def defaults(cls, task) -> "Config":
+        """The config of `task` (a Task object) with every key at its default."""
+        return cls(task.name, task.data_config(), task.model_config(), task.objective_config(), task.predict_config())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -173,9 +198,8 @@ STRATEGIES = ("auto", "tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "bfloat16", "float32")
 
 
-def all_keys(config: Config | None = None) -> list[str]:
-    """Every dotted key the config accepts, e.g. `train.global_batch_size`."""
-    config = config or Config()
+def all_keys(config: Config) -> list[str]:
+    """Every dotted key the config accepts (its task's and the shared ones), e.g. `train.global_batch_size`."""
     return [
         f"{section.name}.{key.name}"
         for section in dataclasses.fields(config)
@@ -184,14 +208,12 @@ def all_keys(config: Config | None = None) -> list[str]:
     ]
 
 
-def _owners(key: str) -> list[str]:
-    """The other tasks of this project that declare `key` (e.g. data.image_size)."""
-    from .. import tasks
-
+def _owners(key: str, current: str, registry: TaskRegistry) -> list[str]:
+    """The tasks of this project other than `current` that declare `key` (e.g. data.image_size)."""
     section, _, name = key.partition(".")
     owners = []
-    for task_name in tasks.available():
-        task = tasks.load(task_name)
+    for task_name in registry.available():
+        task = registry.load(task_name)
         kind = {
             "data": task.data_config,
             "model": task.model_config,
@@ -199,7 +221,7 @@ def _owners(key: str) -> list[str]:
             "predict": task.predict_config,
         }.get(section)
         if (
-            task_name != _task().name
+            task_name != current
             and dataclasses.is_dataclass(kind)
             and name in {f.name for f in dataclasses.fields(kind)}
         ):
@@ -207,17 +229,17 @@ def _owners(key: str) -> list[str]:
     return owners
 
 
-def _unknown_key(key: str, where: str) -> ConfigError:
-    from .. import tasks
-
-    current = _task().name
-    owners = _owners(key)
+def unknown_key(key: str, where: str, config: Config, registry: TaskRegistry) -> ConfigError:
+    """The one-line error for `key`, which `config` does not declare: the task that does, or the
+    closest key."""
+    current = config.task
+    owners = _owners(key, current, registry)
     if owners:
         return ConfigError(
             f"config key '{key}' {where} belongs to task {' and '.join(owners)}, but this config trains "
-            f"'{current}' (its `task:` key); the tasks here are {', '.join(tasks.available())}"
+            f"'{current}' (its `task:` key); the tasks here are {', '.join(registry.available())}"
         )
-    close = difflib.get_close_matches(key, all_keys(), n=1)
+    close = difflib.get_close_matches(key, all_keys(config), n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"task '{current}' has no such key (see its configs)"
     return ConfigError(f"unknown config key '{key}' {where}; {hint}")
 
@@ -287,9 +309,9 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
         raise ConfigError(f"{key} must be {_describe(kind)}, got {value!r}") from None
 
 
-def _set(config: Config, key: str, value: Any, where: str) -> None:
+def _set(config: Config, key: str, value: Any, where: str, registry: TaskRegistry) -> None:
     if key not in all_keys(config):
-        raise _unknown_key(key, where)
+        raise unknown_key(key, where, config, registry)
     section_name, _, field_name = key.partition(".")
     section = getattr(config, section_name)
     kind = typing.get_type_hints(type(section))[field_name]
@@ -340,6 +362,18 @@ def validate(config: Config) -> Config:
         tr.warmup_steps = clamped
     if tr.eval_every < 0:
         raise ConfigError(f"train.eval_every must be 0 (only at the end) or a number of steps, got {tr.eval_every}")
+    if tr.early_stop_patience < 0:
+        raise ConfigError(
+            f"train.early_stop_patience must be 0 (never) or a number of evaluations, got {tr.early_stop_patience}"
+        )
+    if tr.early_stop_min_delta < 0:
+        raise ConfigError(f"train.early_stop_min_delta must be 0 or more, got {tr.early_stop_min_delta}")
+    if tr.early_stop_patience and not tr.eval_every:
+        raise ConfigError(
+            f"train.early_stop_patience={tr.early_stop_patience} needs evaluations during training, but "
+            "train.eval_every is 0 (only at the end): set train.eval_every to a number of steps, or "
+            "train.early_stop_patience=0"
+        )
     if tr.max_seconds_per_execution <= 0:
         raise ConfigError(f"train.max_seconds_per_execution must be positive, got {tr.max_seconds_per_execution}")
     if isinstance(tr.steps_per_execution, int) and tr.steps_per_execution < 1:
@@ -361,34 +395,35 @@ def validate(config: Config) -> Config:
     return config
 
 
-def _select(name: str, where: str) -> None:
-    from .. import tasks
-
+def _task(name: str, where: str, registry: TaskRegistry):
+    """The Task object of the task named `name`; a name that is no task is a one-line ConfigError."""
     try:
-        tasks.select(name, where)
+        return registry.load(name, where)
     except UserError as error:
         raise ConfigError(str(error)) from None
 
 
-def from_dict(values: dict, where: str = "") -> Config:
-    """The config of `values` (a parsed YAML file); its `task:` key selects the task first."""
-    from .. import tasks
-
+def from_dict(values: dict, where: str = "", *, registry: TaskRegistry) -> Config:
+    """The config of `values` (a parsed YAML file) for the task its `task:` key names (else the
+    registry's DEFAULT), whose keys it reads first."""
     values = dict(values or {})
-    if "task" in values:
-        name = values.pop("task")
-        if not isinstance(name, str):
-            raise ConfigError(f"task {where} must be a task's name, e.g. task: {tasks.DEFAULT}; got {name!r}")
-        _select(name, where)
-    config = Config()
+    name = values.pop("task", registry.DEFAULT)
+    if not isinstance(name, str):
+        raise ConfigError(f"task {where} must be a task's name, e.g. task: {registry.DEFAULT}; got {name!r}")
+    config = Config.defaults(_task(name, where, registry))
+    _apply(config, values, where, registry)
+    return config
+
+
+def _apply(config: Config, values: dict, where: str, registry: TaskRegistry) -> None:
+    """Sets the keys of `values` (sections of keys, no `task:`) over `config`."""
     for section, keys in values.items():
         if section not in {f.name for f in dataclasses.fields(config)}:
-            raise _unknown_key(str(section), where)
+            raise unknown_key(str(section), where, config, registry)
         if not isinstance(keys, dict):
             raise ConfigError(f"section '{section}' {where} must be a mapping of keys, got {keys!r}")
         for name, value in keys.items():
-            _set(config, f"{section}.{name}", value, where)
-    return config
+            _set(config, f"{section}.{name}", value, where, registry)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -403,41 +438,78 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def shipped_config(task_name: str, which: str) -> str:
+def shipped_config(task_name: str, which: str, *, registry: TaskRegistry) -> str:
     """A task's shipped config (`which`: local, tpu or pod), relative to the project: configs/<which>.yaml
     for the project's own task, configs/<task>/<which>.yaml for a task added with `make new-task`."""
-    from .. import tasks
-
-    return f"configs/{which}.yaml" if task_name == tasks.DEFAULT else f"configs/{task_name}/{which}.yaml"
+    return f"configs/{which}.yaml" if task_name == registry.DEFAULT else f"configs/{task_name}/{which}.yaml"
 
 
-def load(path: str | None, overrides: Sequence[str] = ()) -> Config:
-    """Reads a YAML config, applies `dotted.key=value` overrides and validates the result."""
-    values: dict = {}
-    if path:
-        try:
-            with open(path) as handle:
-                values = yaml.safe_load(handle) or {}
-        except FileNotFoundError:
+BASE_KEY = "extends"
+"""The top-level key of a config file that names the file it starts from."""
+
+
+def _read(path: str, named_by: str = "") -> dict:
+    """The keys of one YAML config file; `named_by` says which file's `extends:` named it."""
+    try:
+        with open(path) as handle:
+            values = yaml.safe_load(handle) or {}
+    except FileNotFoundError:
+        if named_by:
             raise ConfigError(
-                f"config file {path} not found; pick one from configs/ (e.g. configs/local.yaml)"
+                f"config file {path} not found ({named_by}); name an existing file, relative to it"
             ) from None
-        except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
-        if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} not found; pick one from configs/ (e.g. configs/local.yaml)") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of sections (data, model, objective, predict, train, "
+            f"runtime), with `task:` and `{BASE_KEY}:` at the top"
+        )
+    return values
+
+
+def read_layers(path: str) -> list[tuple[str, dict]]:
+    """The files a config is made of, its base first: (file, its keys without `extends:`) for `path`
+    and for each file that the one before names in `extends:` (relative to that file)."""
+    layers: list[tuple[str, dict]] = []
+    named_by = ""
+    while True:
+        values = _read(path, named_by)
+        layers.append((path, values))
+        base = values.pop(BASE_KEY, None)
+        if base is None:
+            return layers[::-1]
+        if not isinstance(base, str) or not base.strip():
             raise ConfigError(
-                f"config file {path} must hold `task:` and a mapping of sections "
-                "(data, model, objective, predict, train, runtime)"
+                f"{BASE_KEY} in {path} must name a config file, relative to {path}, e.g. {BASE_KEY}: base.yaml; "
+                f"got {base!r}"
             )
+        named_by = f"`{BASE_KEY}: {base}` in {path}"
+        path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+        if os.path.realpath(path) in {os.path.realpath(file) for file, _ in layers}:
+            chain = " -> ".join([*(file for file, _ in layers), path])
+            raise ConfigError(
+                f"config file {layers[0][0]}: its `{BASE_KEY}:` chain comes back to {path} ({chain}); "
+                f"the file meant as the base must name no `{BASE_KEY}:`"
+            )
+
+
+def load(path: str | None, overrides: Sequence[str] = (), *, registry: TaskRegistry) -> Config:
+    """Reads a YAML config, applies `dotted.key=value` overrides and validates the result; the
+    task's keys come from `registry` (the tasks package)."""
+    layers = [(f"in {file}", values) for file, values in read_layers(path)] if path else []
     parsed = [parse_override(text) for text in overrides]
-    for key, value in parsed:
-        if key == "task":  # task=NAME on the command line picks the task before any key is read
-            _select(str(value), "on the command line")
-            values = {**values, "task": value}
-    config = from_dict(values, f"in {path}" if path else "")
+    # task=NAME on the command line picks the task before any key is read; else the last file naming one.
+    layers += [("on the command line", {"task": value}) for key, value in parsed if key == "task"]
+    named = [(where, values["task"]) for where, values in layers if "task" in values]
+    where, task = named[-1] if named else ("", None)
+    config = from_dict({} if task is None else {"task": task}, where, registry=registry)
+    for where, values in layers:  # the base's keys first, each error naming the file that holds the key
+        _apply(config, {key: value for key, value in values.items() if key != "task"}, where, registry)
     for key, value in parsed:
         if key != "task":
-            _set(config, key, value, "on the command line")
+            _set(config, key, value, "on the command line", registry)
     return validate(config)
 
 
@@ -446,8 +518,11 @@ def dump(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
-def command_line(description: str, argv: Sequence[str] | None, add_arguments=None) -> tuple[Config, argparse.Namespace]:
-    """The entry points' shared command line: --config FILE [options] [dotted.key=value ...]."""
+def command_line(
+    description: str, argv: Sequence[str] | None, add_arguments=None, *, registry: TaskRegistry
+) -> tuple[Config, argparse.Namespace]:
+    """The entry points' shared command line: --config FILE [options] [dotted.key=value ...]; the
+    config's task keys come from `registry` (the tasks package)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="YAML file under configs/")
     if add_arguments:
@@ -457,6 +532,6 @@ def command_line(description: str, argv: Sequence[str] | None, add_arguments=Non
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger(__package__.split(".")[0]).setLevel(logging.INFO)  # the whole project's loggers
     gcp.quiet_logging()
-    config = load(args.config, args.overrides)
+    config = load(args.config, args.overrides, registry=registry)
     gcp.require_credentials({"data.dir": config.data.dir, "runtime.output_dir": config.runtime.output_dir})
     return config, args

@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from . import config as config_lib
 from . import baselines, input_pipeline
-from .. import tasks
 from .model import LOSS_METRIC, metric_names
 from .run_dir import run_path
 
@@ -35,18 +34,32 @@ def sync_replica_statistics(model, strategy: tf.distribute.Strategy) -> None:
                 variable.assign(variable.read_value())
 
 
-def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> dict:
-    """The task's weighted metrics and loss over the whole eval split, and its throughput."""
+def evaluate_model(model, strategy, cfg: config_lib.Config, task, manifest: dict) -> dict:
+    """`task`'s weighted metrics and loss over the whole eval split, and its throughput."""
     sync_replica_statistics(model, strategy)
     dataset, steps = input_pipeline.distributed_dataset(
-        strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False, cache=cfg.data.cache
+        strategy,
+        cfg.data.dir,
+        task,
+        manifest,
+        "eval",
+        cfg.train.global_batch_size,
+        training=False,
+        cache=cfg.data.cache,
     )
     started = time.perf_counter()
     results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
-    split_metrics = tasks.current().split_metrics(cfg.objective, manifest)
+    split_metrics = task.split_metrics(cfg.objective, manifest)
     if split_metrics:
         dataset, steps = input_pipeline.distributed_dataset(
-            strategy, cfg.data.dir, manifest, "eval", cfg.train.global_batch_size, training=False, cache=cfg.data.cache
+            strategy,
+            cfg.data.dir,
+            task,
+            manifest,
+            "eval",
+            cfg.train.global_batch_size,
+            training=False,
+            cache=cfg.data.cache,
         )
         outputs, targets = split_outputs(model, strategy, dataset, steps)
         results.update({name: function(outputs, targets) for name, function in split_metrics.items()})
@@ -55,7 +68,7 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, manifest: dict) -> d
     return {
         **{
             name: float(results[LOSS_METRIC if name == "loss" and LOSS_METRIC in results else name])
-            for name in metric_names(cfg, manifest)
+            for name in metric_names(cfg, task, manifest)
         },
         "eval_examples": examples,
         "eval_examples_per_second": examples / elapsed,
@@ -82,11 +95,11 @@ def split_outputs(model, strategy: tf.distribute.Strategy, dataset, steps: int):
     return tuple(tf.nest.map_structure(lambda array: array[real], (outputs, targets)))
 
 
-def describe(metrics: dict, names: list[str], found_baselines: dict | None = None) -> str:
-    """The metrics `names` in words, the task's headline first, then the data's baselines (the
+def describe(metrics: dict, names: list[str], task, found_baselines: dict | None = None) -> str:
+    """The metrics `names` in words, `task`'s headline first, then the data's baselines (the
     manifest's) and whether the headline beats the best: e.g. 'accuracy 0.9313, loss 0.2208;
     baselines: majority 0.2500, bag-of-words 0.9100 (beaten)'."""
-    headline = tasks.current().headline_metric
+    headline = task.headline_metric
     names = [headline, *(name for name in names if name != headline)]
     described = ", ".join(f"{name} {metrics[name]:.4f}" for name in names)
     beaten = baselines.beats(metrics[headline], found_baselines)
@@ -102,3 +115,10 @@ def write_eval_summaries(output_dir: str, metrics: dict, step: int, names: list[
         for name in names:
             tf.summary.scalar(name, metrics[name])
     writer.close()
+
+
+def judged(metrics: dict, step: int, task, manifest: dict) -> dict:
+    """An evaluation as the run record keeps it, for `make train` and `make eval` alike: the metrics,
+    the step they were measured at, and the data's baselines with whether the headline beats them."""
+    found = manifest.get("baselines")
+    return {**metrics, "global_step": step, **baselines.summary(metrics[task.headline_metric], found)}

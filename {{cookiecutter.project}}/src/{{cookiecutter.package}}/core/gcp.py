@@ -16,7 +16,8 @@ without the cloud-platform scope fails here, in one line, instead of mid-run. `S
 (a local Cloud Storage emulator, as in the tests) needs no credentials and is exempt.
 
 A 403 from Cloud Storage later on (a bucket this identity may not read or write) is turned into one
-line naming the bucket and the identity by `denied_message`, which `errors.run_cli` calls.
+line naming the bucket and the identity by `errors.denied_message`, which `errors.run_cli` calls; the
+identity resolved here is kept in `errors.identity` for it.
 
 Beam's and google-auth's retry logging stays off the console; `LOG_LEVEL=INFO` (or DEBUG) shows it.
 """
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 
+from . import errors
 from .errors import UserError
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
@@ -39,9 +40,6 @@ FIX = (
 )
 # Loggers whose retries and fallbacks fill the console with tracebacks when credentials are missing.
 NOISY_LOGGERS = ("apache_beam.utils.retry", "apache_beam.io.gcp", "google.auth", "google.cloud", "urllib3")
-_BUCKET = re.compile(r"gs://([a-z0-9][a-z0-9._-]{1,220})|/b/([a-z0-9][a-z0-9._-]{1,220})/")
-
-_identity: str | None = None  # who the credentials belong to, once resolved
 
 
 def remote(paths: dict[str, str | None]) -> dict[str, str]:
@@ -93,16 +91,16 @@ def _describe(credentials, source: str) -> str:
 
 def require_credentials(paths: dict[str, str | None], service: str | None = None) -> str | None:
     """Resolves credentials once if any path is gs:// or a Google Cloud `service` is used; returns
-    who they belong to (None when nothing needs them). Raises UserError in one line otherwise."""
-    global _identity
+    who they belong to (None when nothing needs them), kept in `errors.identity`. Raises UserError in
+    one line otherwise."""
     needed = remote(paths)
     if not needed and not service:
         return None
     what = service or ", ".join(f"{name}={path}" for name, path in needed.items())
     if os.environ.get("STORAGE_EMULATOR_HOST") and not service:
         return "the local storage emulator"
-    if _identity is not None:
-        return _identity
+    if errors.identity is not None:
+        return errors.identity
     source = _adc_source()
     if source is None:
         raise UserError(f"{what} needs Google Cloud credentials and this machine has none: {FIX}")
@@ -132,32 +130,10 @@ def require_credentials(paths: dict[str, str | None], service: str | None = None
             f"{what}: Google Cloud could not be reached to check the credentials in {source} ({_first_line(error)}); "
             "check the network connection or HTTPS_PROXY"
         ) from None
-    _identity = _describe(credentials, source)
-    return _identity
+    errors.identity = _describe(credentials, source)
+    return errors.identity
 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0][:200] if text else type(error).__name__
-
-
-def denied_message(error: BaseException) -> str | None:
-    """One line for a 403 from Cloud Storage (Beam's or TensorFlow's), naming bucket and identity;
-    None for any other error."""
-    text = str(error)
-    forbidden = (
-        type(error).__name__ in ("Forbidden", "PermissionDeniedError")
-        or "403" in text
-        and ("Forbidden" in text or "denied" in text or "does not have" in text)
-    )
-    if not forbidden:
-        return None
-    match = _BUCKET.search(text)
-    bucket = f"gs://{match.group(1) or match.group(2)}" if match else "the bucket"
-    who = _identity or "these credentials"
-    member = f"serviceAccount:{who}" if who.endswith(".gserviceaccount.com") else "user:YOU@example.com"
-    return (
-        f"{who} may not use {bucket} (403 Forbidden): grant a Storage role on the bucket, e.g. "
-        f"gcloud storage buckets add-iam-policy-binding {bucket} --member={member} --role=roles/storage.objectAdmin"
-        f", or use a bucket of your own project"
-    )

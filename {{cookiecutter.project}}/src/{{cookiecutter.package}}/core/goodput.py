@@ -14,6 +14,7 @@ the list of starts:
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 # The phases of a start, by the names metrics.json records them under. Code names them only
@@ -53,42 +54,86 @@ FIXES = {
     START_UP: "the rest of the start-up (precision, seeds, the run's config.yaml) dominates: check the run "
     "directory's storage",
 }
-_DONE = "done"
+# How a start ended, as its entry in the record says; the next start reads the last one.
+FINISHED = "finished"
+STOPPED_EARLY = "stopped early"
+PREEMPTED = "preempted"
+NON_FINITE_LOSS = "non-finite loss"
+RUNNING = "running"
+"""Not an end: the start is still going, or it was killed without a word (SIGKILL, a hard stop)."""
+DONE = (FINISHED, STOPPED_EARLY)
+"""Ends after which the next start evaluates again instead of training further."""
 
 
 class PhaseClock:
     """Wall-clock seconds of each phase of one start, printed at the end so that a stall shows in
-    any log. A start begins in START_UP; `start(phase)` closes the current phase and opens another."""
+    any log. Time outside any phase is start-up; `with clock.phase(name):` books the block to `name`
+    (phases nest: the enclosing one resumes when the block ends)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
-        self.current, self.started = START_UP, time.perf_counter()
+        self._open = [START_UP]
+        self._since = time.perf_counter()
 
-    def start(self, phase: str) -> None:
+    def _book(self) -> None:
         now = time.perf_counter()
-        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
-        self.current, self.started = phase, now
+        self.seconds[self._open[-1]] = self.seconds.get(self._open[-1], 0.0) + now - self._since
+        self._since = now
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self._book()
+        self._open.append(name)
+        try:
+            yield
+        finally:
+            self._book()
+            self._open.pop()
 
     def move(self, seconds: float, source: str, destination: str) -> None:
         """Re-books time measured inside one phase (periodic evaluation inside training)."""
         self.seconds[source] = self.seconds.get(source, 0.0) - seconds
         self.seconds[destination] = self.seconds.get(destination, 0.0) + seconds
 
+    def move_all(self, source: str, destination: str) -> float:
+        """Re-books all of `source`'s seconds so far (its open block included) to `destination`, e.g.
+        the first execution out of training once it ends; returns them."""
+        self._book()
+        seconds = self.seconds.get(source, 0.0)
+        self.move(seconds, source, destination)
+        return seconds
+
     def so_far(self) -> dict[str, float]:
-        """The seconds of each phase, the current one up to now."""
-        seconds = dict(self.seconds)
-        seconds[self.current] = seconds.get(self.current, 0.0) + time.perf_counter() - self.started
-        return {name: round(value, 2) for name, value in seconds.items() if name != _DONE}
+        """The seconds of each phase, the open ones up to now."""
+        self._book()
+        return {name: round(value, 2) for name, value in self.seconds.items()}
 
     def describe_first_step(self) -> str:
-        parts = {name: self.seconds[name] for name in BEFORE_FIRST_STEP if self.seconds.get(name)}
+        seconds = self.so_far()
+        parts = {name: seconds[name] for name in BEFORE_FIRST_STEP if seconds.get(name)}
         return f"time to first step {sum(parts.values()):.1f} s: " + ", ".join(
-            f"{name} {seconds:.1f} s" for name, seconds in parts.items()
+            f"{name} {value:.1f} s" for name, value in parts.items()
         )
 
     def report(self) -> str:
-        self.start(_DONE)
-        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.so_far().items())
+
+
+class StartRecord:
+    """This start's entry in the run record's `goodput`, written as it goes: `write(step, end)` puts
+    it (its phases so far) beside the earlier starts' and writes the record (a RunRecord)."""
+
+    def __init__(self, record, clock: PhaseClock, initial_step: int):
+        self.record, self.clock = record, clock
+        self.earlier = list(record.starts)
+        self.entry = {"initial_step": initial_step, "furthest_step": initial_step, "end": RUNNING}
+
+    def write(self, step: int, end: str = RUNNING) -> dict:
+        self.entry.update(furthest_step=step, phase_seconds=self.clock.so_far(), end=end)
+        summary = summarize([*self.earlier, self.entry])
+        self.record.update(goodput=summary)
+        self.record.write()
+        return summary
 
 
 def time_to_first_step(phase_seconds: dict) -> float:
@@ -100,7 +145,7 @@ def summarize(starts: list[dict]) -> dict:
 
     Each start is {"initial_step", "furthest_step", "phase_seconds", "end"}: the step it resumed
     from, the last step it reached, the wall seconds of its phases so far, and how it ended
-    ("finished", "preempted", or "running" if it never said).
+    (one of the ends above: `RUNNING` if it never said).
     """
     phases: dict[str, float] = {}
     repeated = 0

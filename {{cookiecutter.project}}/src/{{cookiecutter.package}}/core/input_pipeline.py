@@ -29,7 +29,6 @@ import math
 
 import tensorflow as tf
 
-from .. import tasks
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -65,10 +64,9 @@ def _untuned_device_prefetch() -> None:
     mdi._create_device_dataset = untuned
 
 
-def read_manifest(data_dir: str, data=None) -> dict:
-    """Reads and checks DATA_DIR/manifest.json against this code and the `data` config section;
+def read_manifest(data_dir: str, task, data=None) -> dict:
+    """Reads and checks DATA_DIR/manifest.json against `task`'s code and the `data` config section;
     one clear error when it cannot be used."""
-    task = tasks.current()
     path = f"{data_dir.rstrip('/')}/{MANIFEST}"
     if not tf.io.gfile.exists(path):
         raise UserError(
@@ -269,28 +267,9 @@ def train_records(
     return stream.shard(share.stride, 0) if share.stride > 1 else stream
 
 
-def make_dataset(
-    files: list[str],
-    examples_per_file: list[int],
-    manifest: dict,
-    batch_size: int,
-    *,
-    training: bool,
-    pipeline_id: int = 0,
-    num_pipelines: int = 1,
-    replicas_per_pipeline: int = 1,
-    compression: str = "none",
-    seed: int = 0,
-    shuffle_buffer: int = 2048,
-    global_batch_size: int | None = None,
-    accumulation_steps: int = 1,
-    start: int = 0,
-    cache: bool = False,
-) -> tf.data.Dataset:
-    """One host's input. `batch_size` is per replica; training repeats forever from `start` (the
-    records this pipeline consumed before: see `train_records`), evaluation is one padded pass
-    yielding (features, labels, weights). `seed` must be the same on every host."""
-    task = tasks.current()
+def _warn_record_level(files: list[str], num_pipelines: int) -> bool:
+    """Whether the pipelines share the files record by record (fewer files than pipelines), said once
+    per pipeline in a warning."""
     record_level = num_pipelines > 1 and len(files) < num_pipelines
     if record_level:
         log.warning(
@@ -301,60 +280,104 @@ def make_dataset(
             num_pipelines,
             num_pipelines,
         )
-    if training:
-        dataset = train_records(
-            files,
-            examples_per_file,
-            seed=seed,
-            window=shuffle_buffer,
-            pipeline_id=pipeline_id,
-            num_pipelines=num_pipelines,
-            start=start,
-            compression=compression,
-            cache=cache,
-        ).batch(batch_size, drop_remainder=True)
-        dataset = dataset.map(
-            lambda batch: task.parse_batch(batch, manifest, training=True),
-            num_parallel_calls=AUTOTUNE,
-            deterministic=True,  # the order is the resumable one
-        )
-        if accumulation_steps > 1:  # [k, batch, ...]: the k micro-batches of one optimizer update
-            dataset = dataset.batch(accumulation_steps, drop_remainder=True)
+    return record_level
+
+
+def train_pipeline(
+    files: list[str],
+    examples_per_file: list[int],
+    task,
+    manifest: dict,
+    batch_size: int,
+    *,
+    seed: int,
+    shuffle_buffer: int = 2048,
+    pipeline_id: int = 0,
+    num_pipelines: int = 1,
+    compression: str = "none",
+    accumulation_steps: int = 1,
+    start: int = 0,
+    cache: bool = False,
+) -> tf.data.Dataset:
+    """One host's train input: batches of `batch_size` (per replica) parsed by `task`, repeated
+    forever from `start` (the records this pipeline consumed before: see `train_records`), in the
+    resumable order of `seed`, which must be the same on every host. With `accumulation_steps` > 1,
+    each element is the [k, batch, ...] micro-batches of one optimizer update."""
+    _warn_record_level(files, num_pipelines)
+    dataset = train_records(
+        files,
+        examples_per_file,
+        seed=seed,
+        window=shuffle_buffer,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        start=start,
+        compression=compression,
+        cache=cache,
+    ).batch(batch_size, drop_remainder=True)
+    dataset = dataset.map(
+        lambda batch: task.parse_batch(batch, manifest, training=True),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=True,  # the order is the resumable one
+    )
+    if accumulation_steps > 1:  # [k, batch, ...]: the k micro-batches of one optimizer update
+        dataset = dataset.batch(accumulation_steps, drop_remainder=True)
+    return dataset.prefetch(AUTOTUNE).with_options(NO_AUTOTUNE)
+
+
+def eval_pipeline(
+    files: list[str],
+    examples_per_file: list[int],
+    task,
+    manifest: dict,
+    batch_size: int,
+    *,
+    pipeline_id: int = 0,
+    num_pipelines: int = 1,
+    replicas_per_pipeline: int = 1,
+    global_batch_size: int | None = None,
+    compression: str = "none",
+    cache: bool = False,
+) -> tf.data.Dataset:
+    """One host's eval input: one pass in file order, padded with weight-0 examples to the steps
+    that cover every pipeline's share (`eval_steps` of `global_batch_size`, by default `batch_size`
+    x the replicas), yielding (features, targets, weights) parsed by `task`."""
+    record_level = _warn_record_level(files, num_pipelines)
+    mine = files[pipeline_id::num_pipelines] if num_pipelines > 1 and not record_level else files
+    if cache:
+        table = RecordTable(mine, compression)
+        dataset, read = tf.data.Dataset.range(len(mine)), table.file
     else:
-        mine = files[pipeline_id::num_pipelines] if num_pipelines > 1 and not record_level else files
-        if cache:
-            table = RecordTable(mine, compression)
-            dataset, read = tf.data.Dataset.range(len(mine)), table.file
-        else:
-            dataset, read = tf.data.Dataset.from_tensor_slices(mine), lambda path: _records(path, compression)
-        dataset = dataset.interleave(
-            read,
-            cycle_length=max(1, min(len(files), 16)),
-            num_parallel_calls=AUTOTUNE,
-            deterministic=True,  # record-level sharding needs the same order everywhere
-        )
-        if record_level:
-            dataset = dataset.shard(num_pipelines, pipeline_id)
-        steps = eval_steps(
-            examples_per_file, global_batch_size or batch_size * num_pipelines * replicas_per_pipeline, num_pipelines
-        )
-        padded = tf.data.Dataset.from_tensors((tf.constant(task.padding_record(manifest)), 0.0)).repeat()
-        dataset = (
-            dataset.map(lambda record: (record, 1.0))
-            .concatenate(padded)
-            .take(steps * batch_size * replicas_per_pipeline)
-            .batch(batch_size, drop_remainder=True)
-        )
-        dataset = dataset.map(
-            lambda batch, weights: (*task.parse_batch(batch, manifest, training=False), weights),
-            num_parallel_calls=AUTOTUNE,
-        )
+        dataset, read = tf.data.Dataset.from_tensor_slices(mine), lambda path: _records(path, compression)
+    dataset = dataset.interleave(
+        read,
+        cycle_length=max(1, min(len(files), 16)),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=True,  # record-level sharding needs the same order everywhere
+    )
+    if record_level:
+        dataset = dataset.shard(num_pipelines, pipeline_id)
+    steps = eval_steps(
+        examples_per_file, global_batch_size or batch_size * num_pipelines * replicas_per_pipeline, num_pipelines
+    )
+    padded = tf.data.Dataset.from_tensors((tf.constant(task.padding_record(manifest)), 0.0)).repeat()
+    dataset = (
+        dataset.map(lambda record: (record, 1.0))
+        .concatenate(padded)
+        .take(steps * batch_size * replicas_per_pipeline)
+        .batch(batch_size, drop_remainder=True)
+    )
+    dataset = dataset.map(
+        lambda batch, weights: (*task.parse_batch(batch, manifest, training=False), weights),
+        num_parallel_calls=AUTOTUNE,
+    )
     return dataset.prefetch(AUTOTUNE).with_options(NO_AUTOTUNE)
 
 
 def distributed_dataset(
     strategy: tf.distribute.Strategy,
     data_dir: str,
+    task,
     manifest: dict,
     split: str,
     global_batch_size: int,
@@ -375,25 +398,36 @@ def distributed_dataset(
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         num_pipelines.append(context.num_input_pipelines)
-        return make_dataset(
-            files,
-            examples_per_file,
-            manifest,
-            context.get_per_replica_batch_size(global_batch_size),
-            training=training,
+        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        replicas_per_pipeline = context.num_replicas_in_sync // context.num_input_pipelines
+        shared = dict(
             pipeline_id=context.input_pipeline_id,
             num_pipelines=context.num_input_pipelines,
-            replicas_per_pipeline=context.num_replicas_in_sync // context.num_input_pipelines,
             compression=manifest.get("compression", "none"),
+            cache=cached(split_bytes, 1 / context.num_input_pipelines, cache),
+        )
+        if not training:
+            return eval_pipeline(
+                files,
+                examples_per_file,
+                task,
+                manifest,
+                per_replica,
+                replicas_per_pipeline=replicas_per_pipeline,
+                global_batch_size=global_batch_size,
+                **shared,
+            )
+        return train_pipeline(
+            files,
+            examples_per_file,
+            task,
+            manifest,
+            per_replica,
             seed=seed,
             shuffle_buffer=shuffle_buffer,
-            global_batch_size=global_batch_size,
-            accumulation_steps=accumulation_steps if training else 1,
-            start=start_step
-            * context.get_per_replica_batch_size(global_batch_size)
-            * accumulation_steps
-            * (context.num_replicas_in_sync // context.num_input_pipelines),
-            cache=cached(split_bytes, 1 / context.num_input_pipelines, cache),
+            accumulation_steps=accumulation_steps,
+            start=start_step * per_replica * accumulation_steps * replicas_per_pipeline,
+            **shared,
         )
 
     options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
@@ -401,3 +435,23 @@ def distributed_dataset(
     dataset = strategy.distribute_datasets_from_function(dataset_fn, options)
     steps = None if training else eval_steps(examples_per_file, global_batch_size, num_pipelines[0])
     return dataset, steps
+
+
+def training_dataset(cfg, task, target, manifest: dict, seed: int, start_step: int = 0):
+    """The train split in the resumable order of `seed`, `start_step` steps into it, distributed over
+    the replicas of `target` (a resolved distribute.Target)."""
+    dataset, _ = distributed_dataset(
+        target.strategy,
+        cfg.data.dir,
+        task,
+        manifest,
+        "train",
+        cfg.train.global_batch_size,
+        training=True,
+        seed=seed,
+        shuffle_buffer=cfg.data.shuffle_buffer,
+        accumulation_steps=cfg.train.gradient_accumulation_steps,
+        start_step=start_step,
+        cache=cfg.data.cache,
+    )
+    return dataset

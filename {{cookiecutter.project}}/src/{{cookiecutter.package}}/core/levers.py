@@ -1,13 +1,21 @@
 """The memory levers: config keys that shrink what a training step holds on a chip, in the order
 worth trying. `make doctor` plans each one (and applies them in this order until a plan fits); an
-out-of-memory error names the ones the run does not use yet (trainer.py). One table for both, so
+out-of-memory error names the ones the run does not use yet (`out_of_memory`, below). One table for both, so
 the advice a failed run gives is the advice the plan gives.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import tensorflow as tf
+
+from . import memory
+from . import topology as topology_lib
+from .errors import UserError
+from .topology import Target
 
 
 @dataclass(frozen=True)
@@ -70,3 +78,41 @@ def accumulation(cfg, factor: int) -> str:
 def describe(cfg, precision: str) -> str:
     """Every lever still free, with what it does: the end of an out-of-memory line."""
     return ", ".join(lever.describe() for lever in [*unused(cfg, precision), ACCUMULATION])
+
+
+# ------------------------------------------------------------------ out of device memory
+
+
+def out_of_memory(cfg, task, manifest: dict, target: Target, error: Exception) -> str:
+    """One line for a step that ran out of device memory: the estimate of what it needs (the model
+    planned from its shapes, core/memory.py), the device's memory and the levers."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
+    hbm = replica_hbm_bytes(target)
+    try:
+        plan = memory.estimate_for(cfg, task, manifest, per_replica, hbm)
+        estimate = f"the step needs about {memory.gib(plan.total)} per replica ({plan.breakdown()})"
+        if hbm:
+            estimate += f" of {memory.gib(hbm)} HBM"
+    except Exception as failure:  # noqa: BLE001 - the estimate is a help; the error is the news
+        estimate = f"no estimate ({type(failure).__name__})"
+    return (
+        f"out of device memory at {per_replica} examples per replica ({first}); {estimate}; "
+        f"`make doctor` shows the plan and what each lever saves: {describe(cfg, cfg.runtime.mixed_precision)}"
+    )
+
+
+def replica_hbm_bytes(target: Target) -> int:
+    """One replica's share of a TPU chip's HBM (a TensorCore's on v2/v3); 0 off a known TPU."""
+    return topology_lib.chip(target.tpu_type).replica_hbm_bytes if target.kind == "tpu" and target.tpu_type else 0
+
+
+@contextlib.contextmanager
+def out_of_memory_reported(cfg, task, manifest: dict, target: Target):
+    """Running out of device memory inside the block raises a UserError with `out_of_memory`'s one
+    line instead of TensorFlow's traceback. `cfg.runtime.mixed_precision` is the precision that runs
+    (the levers depend on it)."""
+    try:
+        yield
+    except tf.errors.ResourceExhaustedError as error:
+        raise UserError(out_of_memory(cfg, task, manifest, target, error)) from None

@@ -21,7 +21,7 @@ with the independent count of Korthikanti et al. (2022) for the decoder.
 
 Models for the plan are built inside `abstract()`, whose variables are handles that are never
 given a value, so that any size plans in seconds from shapes alone; `Planner` and
-`estimate_for(cfg, manifest, ...)` build, trace and plan that way.
+`estimate_for(cfg, task, manifest, ...)` build, trace and plan that way.
 
 `plan(...)` adds the float32 weights, their gradients, the accumulator of gradient accumulation
 and the optimizer's slots (by optimizer: SGD's momentum, AdamW's two moments, Adafactor's factored
@@ -423,11 +423,7 @@ class Planner:
     setting and traced once each with the task's loss: activations scale with the batch, so one
     trace serves every batch size and every lever that keeps the model."""
 
-    def __init__(self, cfg, manifest: dict, task=None):
-        if task is None:
-            from .. import tasks
-
-            task = tasks.current()
+    def __init__(self, cfg, task, manifest: dict):
         self.cfg, self.manifest, self.task = cfg, manifest, task
         self.models: dict = {}
         self.traces: dict = {}
@@ -443,7 +439,7 @@ class Planner:
             if remat is not None:
                 cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
             with _building(precision_name):
-                self.models[key] = model_lib.build_model(cfg, self.manifest)
+                self.models[key] = model_lib.build_model(cfg, self.task, self.manifest)
         return self.models[key]
 
     def traced(self, remat, precision_name: str, batch: int) -> tuple[Trace, list, list]:
@@ -487,9 +483,9 @@ class Planner:
         )
 
 
-def estimate_for(cfg, manifest: dict, per_replica_batch: int, hbm: int, task=None) -> Plan:
+def estimate_for(cfg, task, manifest: dict, per_replica_batch: int, hbm: int) -> Plan:
     """The plan of the config's model training `per_replica_batch` examples per replica and step
     (a micro-batch under accumulation) in the config's precision (`auto` counts as bfloat16, the
     TPU's), built from shapes: any size plans in seconds, nothing allocated."""
     precision_name = "float32" if cfg.runtime.mixed_precision == "float32" else "bfloat16"
-    return Planner(cfg, manifest, task).plan(per_replica_batch, hbm, precision_name=precision_name)
+    return Planner(cfg, task, manifest).plan(per_replica_batch, hbm, precision_name=precision_name)

@@ -12,7 +12,6 @@ import types
 import tensorflow as tf
 
 from . import optimizers, precision
-from .. import tasks
 from .config import Config
 from .errors import UserError
 from .keras import keras
@@ -123,11 +122,10 @@ class TaskModel(keras.Model):
         return {metric.name: metric.result() for metric in self.metrics}
 
 
-def build_model(cfg: Config, manifest: dict) -> keras.Model:
-    """The task's network for the data described by `manifest`. With `train.gradient_accumulation_steps`
+def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
+    """`task`'s network for the data described by `manifest`. With `train.gradient_accumulation_steps`
     > 1 or a task's `step_loss`, the same layers in a TaskModel (same weights, same checkpoints, same
     serving)."""
-    task = tasks.current()
     model = task.build_model(cfg.model, manifest)
     step_loss = task.step_loss(cfg.objective, manifest)
     if cfg.train.gradient_accumulation_steps > 1 or step_loss is not None:
@@ -143,7 +141,7 @@ def build_model(cfg: Config, manifest: dict) -> keras.Model:
 LOSS_METRIC = "weighted_loss"
 
 
-def objective_metrics(cfg: Config, manifest: dict) -> list:
+def objective_metrics(cfg: Config, task, manifest: dict) -> list:
     """The task's metrics plus the weighted mean of its loss per example, fresh instances, each
     keeping its state in float32 whatever the precision policy.
 
@@ -153,7 +151,6 @@ def objective_metrics(cfg: Config, manifest: dict) -> list:
     evaluation. Created under the float32 policy they are plain float32 variables (and a sum over
     many examples keeps its digits); the predictions are cast to float32 on the way in.
     """
-    task = tasks.current()
     # A step_loss is reported by the model itself (TaskModel.compute_loss).
     loss = task.loss(cfg.objective, manifest) if task.step_loss(cfg.objective, manifest) is None else None
     with precision.policy("float32"):
@@ -171,10 +168,9 @@ def objective_metrics(cfg: Config, manifest: dict) -> list:
     return metrics
 
 
-def metric_names(cfg: Config, manifest: dict) -> list[str]:
+def metric_names(cfg: Config, task, manifest: dict) -> list[str]:
     """The names evaluation reports: `loss` first, then the step loss's other terms, the task's
     metrics and its whole-split metrics."""
-    task = tasks.current()
     terms = task.loss_terms if task.step_loss(cfg.objective, manifest) is not None else ()
     return [
         "loss",
@@ -184,13 +180,13 @@ def metric_names(cfg: Config, manifest: dict) -> list[str]:
     ]
 
 
-def step_metric_names(cfg: Config, manifest: dict) -> list[str]:
+def step_metric_names(cfg: Config, task, manifest: dict) -> list[str]:
     """The names a training step reports (the whole-split metrics are evaluation's only)."""
-    split = tasks.current().split_metrics(cfg.objective, manifest)
-    return [name for name in metric_names(cfg, manifest) if name not in split]
+    split = task.split_metrics(cfg.objective, manifest)
+    return [name for name in metric_names(cfg, task, manifest) if name not in split]
 
 
-def compile_model(model: keras.Model, cfg: Config, manifest: dict, steps_per_execution: int) -> keras.Model:
+def compile_model(model: keras.Model, cfg: Config, task, manifest: dict, steps_per_execution: int) -> keras.Model:
     """Attaches the optimizer (with the scaled, warmed-up schedule) and the task's loss and metrics
     (made with the config's `objective:` section and the data's manifest).
 
@@ -198,12 +194,11 @@ def compile_model(model: keras.Model, cfg: Config, manifest: dict, steps_per_exe
     examples to keep shapes static, counts every real example exactly once.
     """
     optimizer = optimizers.make(cfg.train)
-    task = tasks.current()
     model.compile(
         optimizer=optimizer,
         # With a step_loss, the model computes its loss itself (TaskModel.compute_loss).
         loss=None if task.step_loss(cfg.objective, manifest) is not None else task.loss(cfg.objective, manifest),
-        weighted_metrics=objective_metrics(cfg, manifest),
+        weighted_metrics=objective_metrics(cfg, task, manifest),
         steps_per_execution=steps_per_execution,
     )
     return model

@@ -48,7 +48,6 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
 from . import gcp, topology
-from .. import tasks
 from .errors import UserError
 from .task import RawRejection, Rejected
 
@@ -352,13 +351,13 @@ def build_pipeline(
     pipeline: beam.Pipeline,
     input_root: str,
     output: str,
+    task,
     data,
     reading_hosts: int = 1,
     num_shards: int | None = None,
     compression: str = "none",
 ) -> dict:
-    """Adds the preprocessing steps to `pipeline`; returns what the driver learned from listing."""
-    task = tasks.current()
+    """Adds `task`'s preprocessing steps to `pipeline`; returns what the driver learned from listing."""
     listing = task.list_raw(input_root)
     root = listing.root or input_root  # what units and sources are relative to
     temp_dir = join(output, f".tmp-{uuid.uuid4().hex[:12]}")
@@ -493,13 +492,14 @@ def check_dataflow_paths(options: PipelineOptions, *paths: str) -> None:
 def run(
     input_root: str,
     output: str,
+    task,
     data,
     beam_args: Sequence[str],
     reading_hosts: int,
     num_shards: int | None = None,
     compression: str = "none",
 ) -> int:
-    """Builds and runs the job (`beam_args` are Beam's pipeline options), prints what it wrote."""
+    """Builds and runs `task`'s job (`beam_args` are Beam's pipeline options), prints what it wrote."""
     if not any(arg == "--runner" or arg.startswith("--runner=") for arg in beam_args):
         # Beam's default, the DirectRunner, may hand the job to the Prism runner, which downloads
         # a binary from GitHub on first use: that fails offline and on locked-down TPU VMs. The
@@ -523,7 +523,7 @@ def run(
 
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
-    plan = build_pipeline(pipeline, input_root, output, data, reading_hosts, num_shards, compression)
+    plan = build_pipeline(pipeline, input_root, output, task, data, reading_hosts, num_shards, compression)
     settings = ", ".join(
         f"{key}={value}" for key, value in dataclasses.asdict(data).items() if key not in ("dir", "shuffle_buffer")
     )
@@ -551,17 +551,17 @@ def run(
         f"(listed in {REJECTED}); ignored {manifest['ignored_files']} other files",
         flush=True,
     )
-    add_baselines(manifest, output)
+    add_baselines(task, manifest, output)
     return 0
 
 
-def add_baselines(manifest: dict, output: str) -> None:
-    """Fits the task's trivial baselines on the written train shards, scores them on the eval shards
+def add_baselines(task, manifest: dict, output: str) -> None:
+    """Fits `task`'s trivial baselines on the written train shards, scores them on the eval shards
     and adds them to the manifest (core/baselines.py)."""
     from . import baselines
 
     started = time.perf_counter()
-    found = baselines.compute(tasks.current(), manifest, output)
+    found = baselines.compute(task, manifest, output)
     if found is None:
         return
     write_manifest(output, {**manifest, "baselines": found})

@@ -17,8 +17,8 @@ import uuid
 
 import tensorflow as tf
 
-from .. import tasks
 from .errors import UserError
+from .input_cursor import saved_in
 
 METRICS = "metrics.json"
 
@@ -90,6 +90,32 @@ class RunRecord:
     def get(self, key: str, default=None):
         return self.values.get(key, default)
 
+    # The keys that more than one part of the project reads, by name.
+    @property
+    def starts(self) -> list[dict]:
+        """Every start of the run, oldest first (goodput.py: its steps, phases and how it ended)."""
+        return self.values.get("goodput", {}).get("per_start", [])
+
+    @property
+    def last_start(self) -> dict | None:
+        """The newest start (its `end` says how it ended), or None for a new run."""
+        return self.starts[-1] if self.starts else None
+
+    @property
+    def history(self) -> list[dict]:
+        """The periodic evaluations: {"step", metric: value}."""
+        return self.values.get("history", [])
+
+    @property
+    def calibration(self) -> dict | None:
+        """The `steps_per_execution: auto` choice and its measurements (steps_per_execution.py)."""
+        return self.values.get("calibration")
+
+    @property
+    def examples_per_second(self) -> float | None:
+        """The training throughput the last start that trained measured."""
+        return self.values.get("examples_per_second")
+
     def update(self, **values) -> None:
         self.values.update(values)
 
@@ -98,15 +124,9 @@ class RunRecord:
         return self.path
 
 
-def read_metrics(output_dir: str) -> dict:
-    """metrics.json's content ({} when the run has none)."""
-    return RunRecord(output_dir).values
-
-
-def export(model, output_dir: str, manifest: dict, cfg) -> str:
-    """A SavedModel with the task's serving signature (shaped by the config's `predict:` keys), and
+def export(model, output_dir: str, manifest: dict, cfg, task) -> str:
+    """A SavedModel with `task`'s serving signature (shaped by the config's `predict:` keys), and
     in its assets.extra/ what `predict` needs: the manifest and the task's assets (e.g. its tokenizer)."""
-    task = tasks.current()
     path = run_path(output_dir, "export")
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
     signature = task.serving_signature(model, manifest, cfg.predict, cfg.objective)
@@ -121,3 +141,39 @@ def export(model, output_dir: str, manifest: dict, cfg) -> str:
         with tf.io.gfile.GFile(run_path(extra, name), "wb") as handle:
             handle.write(content)
     return path
+
+
+def restore_newest_readable(
+    checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager, cursor=None
+) -> str | None:
+    """Restores the newest checkpoint that can be read; returns its path, or None for a fresh start.
+
+    A save cut short (the VM stopped mid-write, a truncated file on a full disk) leaves a newest
+    checkpoint that cannot be read: that is not fatal, the one before it is used, and the log says so.
+    A checkpoint written before the input's cursor (`cursor`, the checkpoint's `input`) existed is
+    restored without it: the cursor then reports nothing restored.
+    """
+    for path in reversed(manager.checkpoints):
+        try:
+            if cursor is not None:
+                cursor.restored = None
+                if not saved_in(path):
+                    tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer).restore(
+                        path
+                    ).assert_existing_objects_matched()
+                    return path
+            # Whatever the checkpoint holds beyond `checkpoint` (the input's cursor, for `make eval`) stays unread.
+            checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
+            return path
+        except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
+            detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+            print(
+                f"checkpoint {path} cannot be read ({type(error).__name__}: {detail}); trying the one before",
+                flush=True,
+            )
+    if manager.checkpoints:
+        raise UserError(
+            f"no checkpoint in {manager.directory} can be read; move the folder away to start afresh, "
+            "or set runtime.output_dir to a new run directory"
+        )
+    return None

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import tensorflow as tf
 
-from . import goodput
+from . import goodput, input_pipeline
+from .model import build_model, compile_model
 
 TOLERANCE = 0.05
 ROUNDS = 3
@@ -244,14 +245,14 @@ def write_cache(path: str, stored: dict) -> None:
 # ----------------------------------------------------------------------------- a start's decision
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
-    """What a start compiles and trains with, and where it came from."""
+    """What a start compiles with, and where the value it trains with comes from."""
 
     compiled: int
     """The value the model is compiled with."""
     stored: dict | None = None
-    """The calibration record this start reuses (or, once `settle` measured, the one it made)."""
+    """The calibration record this start reuses."""
     found_in: str = ""
     key: dict | None = None
     """The setting (`setting()`) when `train.steps_per_execution` is auto."""
@@ -259,7 +260,7 @@ class Decision:
     """Whether `settle` measures the candidates on the built model before training."""
 
 
-def decide(cfg, target, run_metrics: dict, finished: bool) -> Decision:
+def decide(cfg, target, own_calibration: dict | None, finished: bool) -> Decision:
     """The one choice of a start, in order: a fixed `train.steps_per_execution`; a finished run (only
     evaluated: 1, nothing measured); a calibration stored for this setting (the run's own
     metrics.json, then the cache); else measured on the built model, which is compiled with Keras'
@@ -270,18 +271,17 @@ def decide(cfg, target, run_metrics: dict, finished: bool) -> Decision:
     if finished:
         return Decision(1)
     key = setting(cfg, target, cfg.runtime.mixed_precision)
-    stored, found_in = stored_calibration(cfg, key, run_metrics)
+    stored, found_in = stored_calibration(cfg, key, own_calibration)
     if stored:
         return Decision(stored["steps_per_execution"], stored, found_in, key)
     return Decision(max(2, limit(cfg.train)), key=key, measure=True)
 
 
-def stored_calibration(cfg, key: dict, run_metrics: dict) -> tuple[dict | None, str]:
+def stored_calibration(cfg, key: dict, own: dict | None) -> tuple[dict | None, str]:
     """(the stored choice for this setting, where it was found): the run's own metrics.json first
     (a resume), then the cache (a rerun, or a new run with the same setting)."""
     if cfg.train.steps_per_execution == FRESH:
         return None, ""
-    own = run_metrics.get("calibration")
     if isinstance(own, dict) and own.get("setting") == key:
         return own, "this run's metrics.json"
     path = cache_path(cache_dir(cfg.runtime.cache_dir), key)
@@ -289,39 +289,57 @@ def stored_calibration(cfg, key: dict, run_metrics: dict) -> tuple[dict | None, 
     return cached, (f"the cache {path}" if cached else "")
 
 
-def settle(decision: Decision, cfg, model, dataset, strategy, clock: goodput.PhaseClock) -> int:
-    """The value this start trains with, set on `model` and in `cfg`: `decide`'s, after measuring
-    the candidates on the model to be trained when it says so (its restored or initial state is put
-    back afterwards). Compiling the loop is booked as the first execution: training reuses it, and a
-    start that reuses a stored choice pays it in fit() instead."""
+@dataclass(frozen=True)
+class Settled:
+    """What `settle` made of a decision: the value this start trains with, and the calibration record
+    for the run's metrics.json (None when the value was given)."""
+
+    steps_per_execution: int
+    calibration: dict | None = None
+
+
+def settle(decision: Decision, cfg, model, dataset, strategy, clock: goodput.PhaseClock) -> Settled:
+    """The value this start trains with, set on `model`: `decide`'s, after measuring the candidates on
+    the model to be trained when it says so (its restored or initial state is put back afterwards).
+    Compiling the loop is booked as the first execution: training reuses it, and a start that reuses
+    a stored choice pays it in fit() instead. The config is not changed: the caller makes a new one."""
     if decision.key is None:  # fixed, or a finished run
-        if cfg.train.steps_per_execution in ("auto", FRESH):
-            cfg.train.steps_per_execution = decision.compiled
-        return int(cfg.train.steps_per_execution)
+        return Settled(decision.compiled)
+    stored = decision.stored
     if decision.measure:
         with strategy.scope():
             snapshot = Snapshot(model)
-            clock.start(goodput.FIRST_EXECUTION)
-            iterator = iter(dataset)
-            train_function = loop_function(model, iterator)
-            clock.start(goodput.CALIBRATION)
-            chosen, measurements = calibrate_and_report(cfg, model, iterator, train_function)
-            snapshot.restore()
-            del iterator
-        decision.stored = record(decision.key, chosen, measurements)
+            with clock.phase(goodput.FIRST_EXECUTION):
+                iterator = iter(dataset)
+                train_function = loop_function(model, iterator)
+            with clock.phase(goodput.CALIBRATION):
+                chosen, measurements = calibrate_and_report(cfg, model, iterator, train_function)
+                snapshot.restore()
+                del iterator
+        stored = record(decision.key, chosen, measurements)
         cache = cache_path(cache_dir(cfg.runtime.cache_dir), decision.key)
-        write_cache(cache, decision.stored)
+        write_cache(cache, stored)
         print(f"  stored in this run's metrics.json and in {cache}", flush=True)
-        clock.start(goodput.START_UP)
     else:
         print(
-            f"steps_per_execution {decision.stored['steps_per_execution']}: reusing the calibration in "
+            f"steps_per_execution {stored['steps_per_execution']}: reusing the calibration in "
             f"{decision.found_in} (no candidate compiled; train.steps_per_execution={FRESH} measures again)",
             flush=True,
         )
-    cfg.train.steps_per_execution = decision.stored["steps_per_execution"]
-    model.steps_per_execution.assign(cfg.train.steps_per_execution)
-    return cfg.train.steps_per_execution
+    model.steps_per_execution.assign(stored["steps_per_execution"])
+    return Settled(stored["steps_per_execution"], stored)
+
+
+def choose_for(cfg, task, target, manifest: dict) -> tuple[int, list[Measurement]]:
+    """(`train.steps_per_execution`, the measurements) for the benchmarks and tests: measured on a
+    model of its own when it is `auto` (a run calibrates the model it trains, in `settle`)."""
+    if cfg.train.steps_per_execution not in ("auto", FRESH):
+        return int(cfg.train.steps_per_execution), []
+    with target.strategy.scope():
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, max(2, limit(cfg.train)))
+    dataset = input_pipeline.training_dataset(cfg, task, target, manifest, seed=cfg.runtime.seed)
+    chosen, measurements = calibrate_and_report(cfg, model, iter(dataset))
+    return chosen.steps_per_execution, measurements
 
 
 def calibrate_and_report(cfg, model, iterator, train_function=None):

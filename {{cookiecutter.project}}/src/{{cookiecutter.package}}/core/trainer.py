@@ -1,33 +1,34 @@
 """Training: strategy -> input -> model -> fit with checkpoints, logs and profiling -> evaluation.
 
-`train(cfg)` runs (or resumes) one start of a run; `Trainer.run` is its story, one named step a
-line. A run lives in `runtime.output_dir` (run_dir.py). Starting again resumes from the latest
-checkpoint; SIGTERM or a metadata notice saves a checkpoint and raises `Preempted` within one
-execution of `steps_per_execution` steps (the command exits with 143); a NaN loss stops the run
-without saving. What happens between executions is in callbacks.py, one callback per concern.
+`train(cfg, task)` runs (or resumes) one start of a run; `Trainer.run` is its story, one named step
+a line, each step taking the values the steps before it made and returning its own. A run lives in
+`runtime.output_dir` (run_dir.py). Starting again resumes from the latest checkpoint; SIGTERM or a
+metadata notice saves a checkpoint and raises `Preempted` within one execution of
+`steps_per_execution` steps (the command exits with 143); a NaN loss stops the run without saving.
+The run record says how each start ended (goodput.py): a finished or stopped-early run is evaluated
+again by the next start, not trained further. What happens between executions is in callbacks.py,
+one callback per concern, each reporting into one `callbacks.Report`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import math
 import time
 
 import tensorflow as tf
 
-from . import baselines, callbacks, distribute, goodput, input_cursor, input_pipeline, levers, memory, precision
+from . import callbacks, distribute, goodput, input_cursor, input_pipeline, memory, precision
 from . import profiler
 from . import schedule
 from . import utilisation as utilisation_lib
-from .. import tasks
 from . import config as config_lib
 from . import steps_per_execution as spe_lib
-from .errors import UserError
-from .evaluation import describe, evaluate_model, write_eval_summaries
+from .evaluation import describe, evaluate_model, judged, write_eval_summaries
 from .keras import keras
+from .levers import out_of_memory_reported, replica_hbm_bytes
 from .model import build_model, compile_model, metric_names, step_metric_names
-from .run_dir import RunRecord, checkpoint_step, export, latest_checkpoint, run_path
-from . import topology as topology_lib
+from .run_dir import RunRecord, export, latest_checkpoint, restore_newest_readable, run_path
 from .topology import Target
 
 
@@ -40,310 +41,389 @@ class Preempted(Exception):
         self.reason, self.step = reason, step
 
 
-def train(cfg: config_lib.Config) -> dict:
-    """Runs (or resumes) training and the final evaluation; returns the metrics."""
-    return Trainer(cfg).run()
+def train(cfg: config_lib.Config, task) -> dict:
+    """Runs (or resumes) training and the final evaluation of `task`; returns the metrics."""
+    return Trainer(cfg, task).run()
+
+
+# ------------------------------------------------------------------------ what the steps make
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """What a start resolved before building anything."""
+
+    cfg: config_lib.Config
+    """The loaded config with the precision that runs in place of `auto`."""
+    target: Target
+    manifest: dict
+    record: RunRecord
+    """The run record (metrics.json) as the previous start left it."""
+    previous_end: str | None
+    """How the previous start ended (goodput's ends), None for a new run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """The model of this start, restored from the newest readable checkpoint."""
+
+    model: keras.Model
+    manager: tf.train.CheckpointManager
+    """The rotating checkpoints (train.keep_checkpoints)."""
+    best_manager: tf.train.CheckpointManager
+    """The best periodic evaluation's checkpoint, in its own folder: the rotation never deletes it."""
+    cursor: input_cursor.InputCursor
+    """The train input's position, saved with every checkpoint."""
+    initial_step: int
+    remaining: int
+    """Steps this start trains: none for a run that finished or stopped early."""
+    decision: spe_lib.Decision
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """What training runs with: the config with the steps_per_execution it trains with in place of
+    `auto`, and the train input (None when nothing remains to train)."""
+
+    cfg: config_lib.Config
+    dataset: object | None
 
 
 class Trainer:
-    """One start of a run. Each method is a step of `run`, in order; what a step learns that later
-    steps need is kept on the trainer (target, manifest, model, initial_step, ...)."""
+    """One start of a run: the config and the task it was given, and the phase clock of the start.
+    Each method is a step of `run`, in order."""
 
-    def __init__(self, cfg: config_lib.Config):
-        self.cfg = cfg
+    def __init__(self, cfg: config_lib.Config, task):
+        self.cfg, self.task = cfg, task
         self.clock = goodput.PhaseClock()
 
     def run(self) -> dict:
-        self.resolve()
+        start = self.resolve()
         # Out of device memory anywhere after this (the variables, calibration, a step, an evaluation,
         # the export): the one line with the estimate and the levers.
-        with out_of_memory_reported(self.cfg, self.manifest, self.target):
-            self.build_and_restore()
-            self.settle_steps_per_execution()
-            self.fit()
-            if self.preemption.reason:
-                self.stop_preempted()
-            return self.finish()
+        with out_of_memory_reported(start.cfg, self.task, start.manifest, start.target):
+            restored = self.build_and_restore(start)
+            ready = self.settle_steps_per_execution(start, restored)
+            progress = goodput.StartRecord(start.record, self.clock, restored.initial_step)
+            report = self.fit(start, restored, ready, progress)
+            if report.stop and report.stop.end == goodput.PREEMPTED:
+                self.stop_preempted(ready.cfg, restored, report, progress)
+            return self.finish(start, restored, ready, report, progress)
 
     # ------------------------------------------------------------------------------------ steps
 
-    def resolve(self) -> None:
+    def resolve(self) -> Start:
         """Where it runs, what data it reads, the precision and the seeds; prints the data line."""
-        cfg, clock = self.cfg, self.clock
+        cfg = self.cfg
         if cfg.runtime.deterministic:  # before any op runs; for the rest of the process
             tf.config.experimental.enable_op_determinism()
-        clock.start(goodput.STRATEGY)
-        self.target = distribute.resolve(cfg.runtime)
-        clock.start(goodput.DATA_CHECK)
-        self.manifest = input_pipeline.read_manifest(cfg.data.dir, cfg.data)
-        clock.start(goodput.START_UP)
-        per_replica = self.target.per_replica_batch_size(cfg.train.global_batch_size)
+        with self.clock.phase(goodput.STRATEGY):
+            target = distribute.resolve(cfg.runtime)
+        with self.clock.phase(goodput.DATA_CHECK):
+            manifest = input_pipeline.read_manifest(cfg.data.dir, self.task, cfg.data)
+        per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
         # config.yaml and metrics.json record the precision that ran, not `auto`.
-        chosen_precision = precision.apply(cfg.runtime.mixed_precision, self.target.kind)
-        cfg.runtime.mixed_precision = chosen_precision.precision
+        chosen = precision.apply(cfg.runtime.mixed_precision, target.kind)
+        cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mixed_precision=chosen.precision))
         keras.utils.set_random_seed(cfg.runtime.seed)
         tf.io.gfile.makedirs(cfg.runtime.output_dir)
-        self.record = RunRecord(cfg.runtime.output_dir)
-        print(describe_start(cfg, self.target, self.manifest, per_replica, chosen_precision.describe()), flush=True)
+        record = RunRecord(cfg.runtime.output_dir)
+        previous = record.last_start
+        print(describe_start(cfg, self.task, target, manifest, per_replica, chosen.describe()), flush=True)
+        return Start(cfg, target, manifest, record, previous["end"] if previous else None)
 
-    def build_and_restore(self) -> None:
+    def build_and_restore(self, start: Start) -> Restored:
         """The model (compiled with the steps_per_execution `spe_lib.decide` chose), its optimizer
         slots, the checkpoint managers, and the restore of the newest readable checkpoint."""
-        cfg, clock, output_dir = self.cfg, self.clock, self.cfg.runtime.output_dir
-        latest = latest_checkpoint(output_dir)
-        # A finished run is only evaluated again: nothing is measured, and its config.yaml keeps
-        # describing the training that produced it.
-        self.finished = latest is not None and checkpoint_step(latest) >= cfg.train.total_steps
-        self.decision = spe_lib.decide(cfg, self.target, self.record.values, self.finished)
-        clock.start(goodput.MODEL_BUILD)
-        with self.target.strategy.scope():
-            self.model = compile_model(build_model(cfg, self.manifest), cfg, self.manifest, self.decision.compiled)
-            # The optimizer's slots exist before the restore, so that it fills them at once: Keras would
-            # otherwise create them at the first update, and a finished run (evaluated, never updated)
-            # would warn about every slot value the checkpoint holds.
-            self.model.optimizer.build(self.model.trainable_variables)
-        # The train input's position, saved with every checkpoint (input_cursor.py).
-        self.cursor = input_cursor.InputCursor(
-            input_cursor.layout(cfg, self.manifest, self.target.hosts, self.target.replicas),
-            step=lambda: self.model.optimizer.iterations.numpy(),
+        cfg, task, output_dir = start.cfg, self.task, start.cfg.runtime.output_dir
+        # A run whose last start finished (at this total_steps) or stopped early is only evaluated
+        # again: nothing is measured, and its config.yaml keeps describing the training that made it.
+        furthest = start.record.last_start["furthest_step"] if start.previous_end else 0
+        done = latest_checkpoint(output_dir) is not None and (
+            start.previous_end == goodput.STOPPED_EARLY
+            or (start.previous_end == goodput.FINISHED and furthest >= cfg.train.total_steps)
         )
-        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer, input=self.cursor)
-        self.manager = tf.train.CheckpointManager(
+        decision = spe_lib.decide(cfg, start.target, start.record.calibration, done)
+        with self.clock.phase(goodput.MODEL_BUILD):
+            with start.target.strategy.scope():
+                model = build_model(cfg, task, start.manifest)
+                compile_model(model, cfg, task, start.manifest, decision.compiled)
+                # The optimizer's slots exist before the restore, so that it fills them at once: Keras
+                # would otherwise create them at the first update, and a finished run (evaluated, never
+                # updated) would warn about every slot value the checkpoint holds.
+                model.optimizer.build(model.trainable_variables)
+        cursor = input_cursor.InputCursor(
+            input_cursor.layout(cfg, start.manifest, start.target.hosts, start.target.replicas),
+            step=lambda: model.optimizer.iterations.numpy(),
+        )
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, input=cursor)
+        manager = tf.train.CheckpointManager(
             checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
         )
-        # The best periodic evaluation's checkpoint, in its own folder: the rotation above never deletes it.
-        self.best_manager = tf.train.CheckpointManager(
+        best_manager = tf.train.CheckpointManager(
             checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1
         )
-        clock.start(goodput.RESTORE)
-        restore_newest_readable(checkpoint, self.manager, self.cursor)
-        self.initial_step = int(self.model.optimizer.iterations.numpy())
-        clock.start(goodput.START_UP)
-        order = self.cursor.resume(self.initial_step, reseed=cfg.runtime.resume_input == "reseed")
+        with self.clock.phase(goodput.RESTORE):
+            restore_newest_readable(checkpoint, manager, cursor)
+        initial_step = int(model.optimizer.iterations.numpy())
+        order = cursor.resume(initial_step, reseed=cfg.runtime.resume_input == "reseed")
         if order.note:
             print(order.note, flush=True)
+        if done:
+            print(
+                f"this run {start.previous_end} at step {initial_step}: evaluating it again, training no further "
+                "(a larger train.total_steps trains a finished run on; a new runtime.output_dir starts afresh)",
+                flush=True,
+            )
         print(
-            f"resumed from step {self.initial_step}, the input at its step {self.initial_step - order.from_step} "
+            f"resumed from step {initial_step}, the input at its step {initial_step - order.from_step} "
             f"of the order seeded {order.seed}"
-            if self.initial_step
+            if initial_step
             else "starting from step 0",
             flush=True,
         )
+        remaining = 0 if done else max(0, cfg.train.total_steps - initial_step)
+        return Restored(model, manager, best_manager, cursor, initial_step, remaining, decision)
 
-    def settle_steps_per_execution(self) -> None:
+    def settle_steps_per_execution(self, start: Start, restored: Restored) -> Ready:
         """The train input for this start, and the steps_per_execution it trains with (measured on the
         restored model when `auto` has nothing stored for this setting); writes config.yaml."""
-        cfg = self.cfg
-        self.remaining = cfg.train.total_steps - self.initial_step
-        order = self.cursor.order
-        self.dataset = (
-            training_dataset(
-                cfg, self.target, self.manifest, seed=order.seed, start_step=self.initial_step - order.from_step
+        cfg, order = start.cfg, restored.cursor.order
+        dataset = (
+            input_pipeline.training_dataset(
+                cfg,
+                self.task,
+                start.target,
+                start.manifest,
+                seed=order.seed,
+                start_step=restored.initial_step - order.from_step,
             )
-            if self.remaining > 0
+            if restored.remaining > 0
             else None
         )
-        spe_lib.settle(self.decision, cfg, self.model, self.dataset, self.target.strategy, self.clock)
-        if not self.finished:
+        decision = restored.decision
+        if dataset is None and decision.measure:  # killed after its last step: nothing left to measure on
+            decision = spe_lib.Decision(decision.compiled)
+        settled = spe_lib.settle(decision, cfg, restored.model, dataset, start.target.strategy, self.clock)
+        cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, steps_per_execution=settled.steps_per_execution)
+        )
+        if settled.calibration:
+            start.record.update(calibration=settled.calibration)
+        if restored.remaining > 0:
             with tf.io.gfile.GFile(run_path(cfg.runtime.output_dir, "config.yaml"), "w") as handle:
                 handle.write(config_lib.dump(cfg))
         print(
             f"steps_per_execution {cfg.train.steps_per_execution}; checkpoints every {cfg.train.checkpoint_every} "
-            f"steps to {self.manager.directory}"
-            + (f"; evaluation every {cfg.train.eval_every} steps" if cfg.train.eval_every else ""),
+            f"steps to {restored.manager.directory}"
+            + (f"; evaluation every {cfg.train.eval_every} steps" if cfg.train.eval_every else "")
+            + (
+                f"; early stop after {cfg.train.early_stop_patience} evaluations without improvement"
+                if cfg.train.early_stop_patience and cfg.train.eval_every
+                else ""
+            ),
             flush=True,
         )
+        return Ready(cfg, dataset)
 
-    def fit(self) -> None:
-        """Keras' fit over the remaining steps with the callbacks, under the preemption watch."""
-        cfg = self.cfg
-        # This start's entry in the goodput record, rewritten as it goes (see goodput.py).
-        self.earlier_starts = self.record.get("goodput", {}).get("per_start", [])
-        self.this_start = {"initial_step": self.initial_step, "furthest_step": self.initial_step, "end": "running"}
+    def fit(self, start: Start, restored: Restored, ready: Ready, progress: goodput.StartRecord) -> callbacks.Report:
+        """Keras' fit over the remaining steps with the callbacks, under the preemption watch; returns
+        what the callbacks reported."""
+        cfg = ready.cfg
         if cfg.runtime.profiler_port:
             profiler.start_server(cfg.runtime.profiler_port)
-        self.writer = tf.summary.create_file_writer(run_path(cfg.runtime.output_dir, "logs", "train"))
-        callback_list = self.callbacks()
-        self.clock.start(goodput.FIRST_EXECUTION if self.remaining > 0 else goodput.TRAINING)
+        writer = tf.summary.create_file_writer(run_path(cfg.runtime.output_dir, "logs", "train"))
+        history = [entry for entry in start.record.history if entry["step"] <= restored.initial_step]
+        report = callbacks.Report(step=restored.initial_step, history=history)
+        # The two whose ends outlive a callback's: a trace to close and a signal handler to remove.
+        profile_window = callbacks.ProfileWindow(restored.initial_step, cfg.profile_window(), cfg.runtime.output_dir)
+        preemption = callbacks.Preemption(
+            restored.initial_step, restored.manager, cfg.runtime.metadata_poll_seconds, report
+        )
+        callback_list = self.callbacks(start, restored, ready, report, writer, progress, profile_window, preemption)
         try:
-            with self.preemption.watching():
-                if self.remaining > 0:
-                    self.model.fit(
-                        self.dataset, epochs=1, steps_per_epoch=self.remaining, callbacks=callback_list, verbose=0
+            with self.clock.phase(goodput.TRAINING), preemption.watching():
+                if restored.remaining > 0:
+                    restored.model.fit(
+                        ready.dataset, epochs=1, steps_per_epoch=restored.remaining, callbacks=callback_list, verbose=0
                     )
+        except callbacks.NonFiniteLoss:
+            progress.write(report.step, end=goodput.NON_FINITE_LOSS)
+            raise
         finally:
-            self.profile_window.stop()
-            self.writer.flush()
-        self.clock.move(self.evaluation.seconds, goodput.TRAINING, goodput.EVALUATION)
-        if self.remaining > 0:
+            profile_window.stop()
+            writer.flush()
+        self.clock.move(report.evaluation_seconds, goodput.TRAINING, goodput.EVALUATION)
+        if restored.remaining > 0:
             # From the last step's callback to fit() returning: releasing the input iterators. Near 0 s;
             # the tf.data autotuning race described in input_pipeline.py made it minutes.
-            self.clock.move(time.perf_counter() - self.first_execution.end_time, goodput.TRAINING, goodput.END_OF_FIT)
-        self.step = self.first_execution.step
-        if self.checkpoints.save_seconds:
-            seconds = self.checkpoints.save_seconds
+            self.clock.move(time.perf_counter() - report.end_time, goodput.TRAINING, goodput.END_OF_FIT)
+        if report.save_seconds:
+            seconds = report.save_seconds
             print(f"checkpoint save: {max(seconds):.2f} s at most ({len(seconds)} saves)", flush=True)
+        return report
 
-    def callbacks(self) -> list[keras.callbacks.Callback]:
-        """Between executions, in the order they act (callbacks.py says what each does)."""
-        cfg, step, output_dir = self.cfg, self.initial_step, self.cfg.runtime.output_dir
-        names = self.metric_names = metric_names(cfg, self.manifest)
-        self.first_execution = callbacks.FirstExecution(step, self.clock)
-        self.profile_window = callbacks.ProfileWindow(step, cfg.profile_window(), output_dir)
-        self.checkpoints = callbacks.Checkpoints(step, self.manager, cfg.train.checkpoint_every)
-        self.preemption = callbacks.Preemption(step, self.checkpoints, cfg.runtime.metadata_poll_seconds)
-        self.step_log = callbacks.StepLog(
-            step, cfg, self.writer, step_metric_names(cfg, self.manifest), self.utilisation
-        )
-        history = [entry for entry in self.record.get("history", []) if entry["step"] <= step]
-        self.evaluation = callbacks.PeriodicEvaluation(
-            step,
-            cfg,
-            evaluate=lambda: evaluate_model(self.model, self.target.strategy, cfg, self.manifest),
-            best_manager=self.best_manager,
-            history=history,
-            metric_names=names,
-            write_summaries=lambda metrics, at: write_eval_summaries(output_dir, metrics, at, names),
-            describe=lambda metrics: describe(metrics, names, self.manifest.get("baselines")),
-        )
-        return [
-            self.first_execution,
-            callbacks.NanGuard(step, self.manager),
-            self.step_log,
-            callbacks.GoodputProgress(step, cfg.train.log_every, cfg.train.total_steps, self.record_progress),
-            self.profile_window,
-            self.checkpoints,
-            self.preemption,
-            self.evaluation,
+    def callbacks(
+        self, start, restored, ready, report, writer, progress, profile_window, preemption
+    ) -> list[keras.callbacks.Callback]:
+        """Between executions, in the order they act (callbacks.py says what each does), then the
+        task's own (`Task.callbacks`)."""
+        cfg, task, manifest, step = ready.cfg, self.task, start.manifest, restored.initial_step
+        output_dir, names = cfg.runtime.output_dir, metric_names(cfg, task, start.manifest)
+        monitor, mode = f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
+
+        def utilisation() -> utilisation_lib.Utilisation:
+            """The step's model FLOPs (traced from the model, core/memory.py) against the chip's peak."""
+            flops = utilisation_lib.flops_per_step(restored.model, cfg, start.target)
+            return utilisation_lib.Utilisation(flops, start.target, cfg.runtime.mixed_precision, cfg.runtime.cache_dir)
+
+        chosen = [
+            callbacks.FirstExecution(step, self.clock, report),
+            callbacks.NanGuard(step, restored.manager),
+            callbacks.StepLog(step, cfg, writer, step_metric_names(cfg, task, manifest), utilisation, report),
+            callbacks.GoodputProgress(step, cfg.train.log_every, cfg.train.total_steps, progress.write),
+            profile_window,
+            callbacks.Checkpoints(step, restored.manager, cfg.train.checkpoint_every, report),
+            preemption,
+            callbacks.PeriodicEvaluation(
+                step,
+                cfg.train.eval_every,
+                cfg.train.total_steps,
+                evaluate=lambda: evaluate_model(restored.model, start.target.strategy, cfg, task, manifest),
+                best_manager=restored.best_manager,
+                monitor=monitor,
+                mode=mode,
+                metric_names=names,
+                write_summaries=lambda metrics, at: write_eval_summaries(output_dir, metrics, at, names),
+                describe=lambda metrics: describe(metrics, names, task, manifest.get("baselines")),
+                report=report,
+            ),
         ]
+        if cfg.train.early_stop_patience and cfg.train.eval_every:
+            chosen.append(
+                callbacks.EarlyStopping(
+                    step,
+                    monitor,
+                    mode,
+                    cfg.train.early_stop_patience,
+                    cfg.train.early_stop_min_delta,
+                    report.history,
+                    report,
+                )
+            )
+        return [*chosen, *task.callbacks(cfg, output_dir)]
 
-    def utilisation(self) -> utilisation_lib.Utilisation:
-        """The step's model FLOPs (traced from the model, core/memory.py) against the chip's peak."""
-        cfg = self.cfg
-        self.flops_per_step = utilisation_lib.flops_per_step(self.model, cfg, self.target)
-        return utilisation_lib.Utilisation(
-            self.flops_per_step, self.target, cfg.runtime.mixed_precision, cfg.runtime.cache_dir
-        )
-
-    def record_progress(self, step: int, end: str = "running") -> dict:
-        """This start's entry in the goodput record, written to the run record with the calibration."""
-        self.this_start.update(furthest_step=step, phase_seconds=self.clock.so_far(), end=end)
-        summary = goodput.summarize([*self.earlier_starts, self.this_start])
-        if self.decision.stored:
-            self.record.update(calibration=self.decision.stored)
-        self.record.update(goodput=summary)
-        self.record.write()
-        return summary
-
-    def stop_preempted(self) -> None:
+    def stop_preempted(self, cfg, restored: Restored, report: callbacks.Report, progress: goodput.StartRecord):
         """The checkpoint is saved (callbacks.Preemption): records this start and raises Preempted."""
+        reason = report.stop.detail
         print(
-            f"preempted ({self.preemption.reason}) at step {self.step}: checkpoint saved to "
-            f"{self.manager.latest_checkpoint}; run the same command again to resume",
+            f"preempted ({reason}) at step {report.step}: checkpoint saved to "
+            f"{restored.manager.latest_checkpoint}; run the same command again to resume",
             flush=True,
         )
-        if self.evaluation.history:
-            self.record.update(**self.evaluation.summary())
-        summary = self.record_progress(self.step, end="preempted")
+        task = self.task
+        progress.record.update(
+            **callbacks.evaluation_summary(
+                report.history, f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
+            )
+        )
+        summary = progress.write(report.step, end=goodput.PREEMPTED)
         print(f"timings: {self.clock.report()}", flush=True)
-        print(goodput.describe(summary, self.cfg.train.steps_per_execution), flush=True)
-        raise Preempted(self.preemption.reason, self.step)
+        print(goodput.describe(summary, cfg.train.steps_per_execution), flush=True)
+        raise Preempted(reason, report.step)
 
-    def measured_memory(self) -> dict:
-        """On a GPU or TPU, the devices' peak memory (`peak_memory_bytes`) beside the plan's estimate
-        per replica (`planned_memory_bytes`, core/memory.py), so that the first real run checks the
-        plan; nothing on a CPU."""
-        peak = device_peak_bytes(self.target.kind)
-        if peak is None:
-            return {}
-        cfg, measured = self.cfg, {"peak_memory_bytes": peak}
-        per_replica = self.target.per_replica_batch_size(cfg.train.global_batch_size)
-        try:
-            plan = memory.estimate_for(cfg, self.manifest, per_replica, replica_hbm_bytes(self.target))
-            measured["planned_memory_bytes"] = int(plan.total)
-        except Exception as failure:  # noqa: BLE001 - the plan is a check; the run's results are the news
-            print(f"note: no memory plan to set the peak against ({type(failure).__name__}: {failure})", flush=True)
-        return measured
-
-    def finish(self) -> dict:
-        """The last checkpoint, the final evaluation, the export, the run record and the report."""
-        cfg, step, output_dir = self.cfg, self.step, self.cfg.runtime.output_dir
-        if not self.checkpoints.saved(step):
-            self.checkpoints.save(step)
-        self.clock.start(goodput.EVALUATION)
-        metrics = evaluate_model(self.model, self.target.strategy, cfg, self.manifest)
-        # Over what an earlier start wrote: a rerun of a finished run renews the evaluation, keeps
-        # the rest, and keeps the run's throughput (no step trained in this start).
-        throughput = self.first_execution.examples_per_second(cfg.effective_batch_size, self.evaluation.seconds)
-        if not math.isfinite(throughput):
-            throughput = self.record.get("examples_per_second") or 0.0
-        metrics.update(global_step=step, examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
-        used = getattr(self.step_log, "utilisation", None)
-        if used is not None and throughput > 0:
-            steps_per_second = throughput / cfg.effective_batch_size
-            metrics["tflops_per_chip"] = round(used.tflops_per_chip(steps_per_second), 4)
-            mfu = used.mfu(steps_per_second)
-            if mfu is not None:
-                metrics["model_flops_utilization"] = round(mfu, 4)
-        metrics.update(baselines.summary(metrics[tasks.current().headline_metric], self.manifest.get("baselines")))
-        if self.checkpoints.save_seconds:
-            metrics["checkpoint_save_seconds"] = round(max(self.checkpoints.save_seconds), 3)
-        if self.remaining > 0:  # a start that only evaluates measures no training step
-            metrics.update(self.measured_memory())
-        if cfg.train.eval_every:
-            self.evaluation.record(step, metrics)
-            metrics.update(self.evaluation.summary())
-        else:
-            write_eval_summaries(output_dir, metrics, step, self.metric_names)
-        self.clock.start(goodput.EXPORT)
-        export_dir = export(self.model, output_dir, self.manifest, cfg)
+    def finish(self, start, restored, ready, report, progress) -> dict:
+        """The last checkpoint, the final evaluation, the figures of training, the export, the run
+        record and the report."""
+        cfg, step = ready.cfg, report.step
+        callbacks.save_checkpoint(restored.manager, step, report)
+        with self.clock.phase(goodput.EVALUATION):
+            metrics = self.final_evaluation(start, restored, ready, report)
+        with self.clock.phase(goodput.EXPORT):
+            export_dir = export(restored.model, cfg.runtime.output_dir, start.manifest, cfg, self.task)
         metrics["phase_seconds"] = self.clock.so_far()
         metrics["time_to_first_step_seconds"] = round(goodput.time_to_first_step(metrics["phase_seconds"]), 2)
-        self.record.update(**metrics)
-        summary = self.record_progress(step, end="finished")
-        timings = self.clock.report()
-        headline = tasks.current().headline_metric
+        if report.stop:
+            metrics["stopped_early"] = report.stop.detail
+        start.record.update(**metrics)
+        end = report.stop.end if report.stop else (start.previous_end if restored.remaining == 0 else None)
+        summary = progress.write(step, end=end if end in goodput.DONE else goodput.FINISHED)
+        self.print_summary(start, ready, metrics, summary, export_dir)
+        return {**metrics, "goodput": summary}
+
+    def final_evaluation(self, start: Start, restored: Restored, ready: Ready, report: callbacks.Report) -> dict:
+        """The evaluation at the last step with everything the run measured beside it: throughput,
+        utilisation, the baselines, checkpoint saves, device memory and the periodic evaluations."""
+        cfg, task, manifest, step = ready.cfg, self.task, start.manifest, report.step
+        metrics = judged(
+            evaluate_model(restored.model, start.target.strategy, cfg, task, manifest), step, task, manifest
+        )
+        # Over what an earlier start wrote: a rerun of a finished run renews the evaluation, keeps
+        # the rest, and keeps the run's throughput (no step trained in this start).
+        throughput = report.examples_per_second(cfg.effective_batch_size)
+        if not math.isfinite(throughput):
+            throughput = start.record.examples_per_second or 0.0
+        metrics.update(examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
+        if report.utilisation is not None and throughput > 0:
+            steps_per_second = throughput / cfg.effective_batch_size
+            metrics["tflops_per_chip"] = round(report.utilisation.tflops_per_chip(steps_per_second), 4)
+            mfu = report.utilisation.mfu(steps_per_second)
+            if mfu is not None:
+                metrics["model_flops_utilization"] = round(mfu, 4)
+        if report.save_seconds:
+            metrics["checkpoint_save_seconds"] = round(max(report.save_seconds), 3)
+        if restored.remaining > 0:  # a start that only evaluates measures no training step
+            metrics.update(measured_memory(cfg, task, start.target, manifest))
+        names = metric_names(cfg, task, manifest)
+        if cfg.train.eval_every:
+            monitor, mode = f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
+            if callbacks.record_evaluation(report.history, step, metrics, names, monitor, mode):
+                restored.best_manager.save(checkpoint_number=step)
+            write_eval_summaries(cfg.runtime.output_dir, metrics, step, names)
+            metrics.update(callbacks.evaluation_summary(report.history, monitor, mode))
+        else:
+            write_eval_summaries(cfg.runtime.output_dir, metrics, step, names)
+        return metrics
+
+    def print_summary(self, start: Start, ready: Ready, metrics: dict, summary: dict, export_dir: str) -> None:
+        """The final lines: the evaluation (and the best), throughput and memory, timings, goodput."""
+        headline = self.task.headline_metric
         best = (
             f" (best {metrics[f'best_{headline}']:.4f} at step {metrics['best_step']})"
             if "best_step" in metrics
             else ""
         )
-        described = describe(metrics, self.metric_names, self.manifest.get("baselines"))
+        names = metric_names(ready.cfg, self.task, start.manifest)
+        described = describe(metrics, names, self.task, start.manifest.get("baselines"))
+        stopped = f"; stopped early: {metrics['stopped_early']}" if "stopped_early" in metrics else ""
         print(
-            f"eval {described} at step {step}{best}; training {metrics['examples_per_second']:.1f} "
-            f"examples/s{describe_memory(metrics)}; metrics -> {self.record.path}; SavedModel -> {export_dir}",
+            f"eval {described} at step {metrics['global_step']}{best}{stopped}; training "
+            f"{metrics['examples_per_second']:.1f} examples/s{describe_memory(metrics)}; metrics -> "
+            f"{start.record.path}; SavedModel -> {export_dir}",
             flush=True,
         )
-        print(f"timings: {timings}", flush=True)
-        print(goodput.describe(summary, cfg.train.steps_per_execution), flush=True)
-        return {**metrics, "goodput": summary}
+        print(f"timings: {self.clock.report()}", flush=True)
+        print(goodput.describe(summary, ready.cfg.train.steps_per_execution), flush=True)
 
 
 # ------------------------------------------------------------------------------- the pieces
 
 
-def out_of_memory(cfg: config_lib.Config, manifest: dict, target: Target, error: Exception) -> str:
-    """One line for a step that ran out of device memory: the estimate of what it needs (the model
-    planned from its shapes, core/memory.py), the device's memory and the levers."""
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+def measured_memory(cfg: config_lib.Config, task, target: Target, manifest: dict) -> dict:
+    """On a GPU or TPU, the devices' peak memory (`peak_memory_bytes`) beside the plan's estimate
+    per replica (`planned_memory_bytes`, core/memory.py), so that the first real run checks the
+    plan; nothing on a CPU."""
+    peak = device_peak_bytes(target.kind)
+    if peak is None:
+        return {}
+    measured = {"peak_memory_bytes": peak}
     per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
-    hbm = replica_hbm_bytes(target)
     try:
-        plan = memory.estimate_for(cfg, manifest, per_replica, hbm)
-        estimate = f"the step needs about {memory.gib(plan.total)} per replica ({plan.breakdown()})"
-        if hbm:
-            estimate += f" of {memory.gib(hbm)} HBM"
-    except Exception as failure:  # noqa: BLE001 - the estimate is a help; the error is the news
-        estimate = f"no estimate ({type(failure).__name__})"
-    return (
-        f"out of device memory at {per_replica} examples per replica ({first}); {estimate}; "
-        f"`make doctor` shows the plan and what each lever saves: {levers.describe(cfg, cfg.runtime.mixed_precision)}"
-    )
-
-
-def replica_hbm_bytes(target: Target) -> int:
-    """One replica's share of a TPU chip's HBM (a TensorCore's on v2/v3); 0 off a known TPU."""
-    return topology_lib.chip(target.tpu_type).replica_hbm_bytes if target.kind == "tpu" and target.tpu_type else 0
+        plan = memory.estimate_for(cfg, task, manifest, per_replica, replica_hbm_bytes(target))
+        measured["planned_memory_bytes"] = int(plan.total)
+    except Exception as failure:  # noqa: BLE001 - the plan is a check; the run's results are the news
+        print(f"note: no memory plan to set the peak against ({type(failure).__name__}: {failure})", flush=True)
+    return measured
 
 
 def device_peak_bytes(kind: str) -> int | None:
@@ -371,18 +451,9 @@ def describe_memory(metrics: dict) -> str:
     return f"; device memory peak {memory.gib(peak)} per replica{against}"
 
 
-@contextlib.contextmanager
-def out_of_memory_reported(cfg: config_lib.Config, manifest: dict, target: Target):
-    """Running out of device memory inside the block raises a UserError with `out_of_memory`'s one
-    line instead of TensorFlow's traceback. `cfg.runtime.mixed_precision` is the precision that runs
-    (the levers depend on it)."""
-    try:
-        yield
-    except tf.errors.ResourceExhaustedError as error:
-        raise UserError(out_of_memory(cfg, manifest, target, error)) from None
-
-
-def describe_start(cfg: config_lib.Config, target: Target, manifest: dict, per_replica: int, precision: str) -> str:
+def describe_start(
+    cfg: config_lib.Config, task, target: Target, manifest: dict, per_replica: int, precision: str
+) -> str:
     """The start-up line: data, batch, learning rate and precision."""
     peak = schedule.scaled_learning_rate(
         cfg.train.base_learning_rate, cfg.effective_batch_size, cfg.train.base_batch_size
@@ -396,75 +467,8 @@ def describe_start(cfg: config_lib.Config, target: Target, manifest: dict, per_r
     splits = manifest["splits"]
     return (
         f"data: {splits['train']['num_examples']} train / {splits['eval']['num_examples']} eval examples, "
-        f"{tasks.current().describe_data(manifest)}; global batch {cfg.train.global_batch_size} = "
+        f"{task.describe_data(manifest)}; global batch {cfg.train.global_batch_size} = "
         f"{per_replica} per replica x {target.replicas}{effective}; learning rate {peak:g} (= "
         f"{cfg.train.base_learning_rate:g} x {cfg.effective_batch_size}/{cfg.train.base_batch_size}), "
         f"warm-up {cfg.train.warmup_steps} updates; precision {precision}"
     )
-
-
-def training_dataset(cfg: config_lib.Config, resolved: Target, manifest: dict, seed: int, start_step: int = 0):
-    """The train split in the resumable order of `seed`, `start_step` steps into it, distributed over
-    the replicas."""
-    dataset, _ = input_pipeline.distributed_dataset(
-        resolved.strategy,
-        cfg.data.dir,
-        manifest,
-        "train",
-        cfg.train.global_batch_size,
-        training=True,
-        seed=seed,
-        shuffle_buffer=cfg.data.shuffle_buffer,
-        accumulation_steps=cfg.train.gradient_accumulation_steps,
-        start_step=start_step,
-        cache=cfg.data.cache,
-    )
-    return dataset
-
-
-def choose_steps_per_execution(cfg: config_lib.Config, resolved: Target, manifest: dict):
-    """(`train.steps_per_execution`, the measurements): measured on a model of its own when it is
-    `auto` (benchmarks and tests; a run calibrates the model it trains, in `settle`)."""
-    if not config_lib.is_auto(cfg.train.steps_per_execution):
-        return int(cfg.train.steps_per_execution), []
-    with resolved.strategy.scope():
-        model = compile_model(build_model(cfg, manifest), cfg, manifest, max(2, spe_lib.limit(cfg.train)))
-    dataset = training_dataset(cfg, resolved, manifest, seed=cfg.runtime.seed)
-    chosen, measurements = spe_lib.calibrate_and_report(cfg, model, iter(dataset))
-    return chosen.steps_per_execution, measurements
-
-
-def restore_newest_readable(
-    checkpoint: tf.train.Checkpoint, manager: tf.train.CheckpointManager, cursor=None
-) -> str | None:
-    """Restores the newest checkpoint that can be read; returns its path, or None for a fresh start.
-
-    A save cut short (the VM stopped mid-write, a truncated file on a full disk) leaves a newest
-    checkpoint that cannot be read: that is not fatal, the one before it is used, and the log says so.
-    A checkpoint written before the input's cursor (`cursor`, the checkpoint's `input`) existed is
-    restored without it: the cursor then reports nothing restored.
-    """
-    for path in reversed(manager.checkpoints):
-        try:
-            if cursor is not None:
-                cursor.restored = None
-                if not input_cursor.saved_in(path):
-                    tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer).restore(
-                        path
-                    ).assert_existing_objects_matched()
-                    return path
-            # Whatever the checkpoint holds beyond `checkpoint` (the input's cursor, for `make eval`) stays unread.
-            checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
-            return path
-        except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
-            detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-            print(
-                f"checkpoint {path} cannot be read ({type(error).__name__}: {detail}); trying the one before",
-                flush=True,
-            )
-    if manager.checkpoints:
-        raise UserError(
-            f"no checkpoint in {manager.directory} can be read; move the folder away to start afresh, "
-            "or set runtime.output_dir to a new run directory"
-        )
-    return None

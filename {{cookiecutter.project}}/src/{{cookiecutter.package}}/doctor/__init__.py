@@ -61,6 +61,7 @@ import os
 import sys
 from typing import Sequence
 
+from .. import tasks
 from ..core import config as config_lib
 from ..core import gcp
 from ..core import topology as topology_lib
@@ -101,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.global_batch_size=1024")
     args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config, args.overrides)
+    cfg = config_lib.load(args.config, args.overrides, registry=tasks)
+    task = tasks.load(cfg.task)
     gcp.require_credentials({"data.dir": cfg.data.dir, "runtime.output_dir": cfg.runtime.output_dir})
     _keep_tensorflow_off_the_accelerators()
     from ..core import distribute
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"doctor: {args.config}{' ' + ' '.join(args.overrides) if args.overrides else ''}")
     print(f"target: {target.describe()}")
     print(f"machine: {'a TPU VM' if on_tpu_vm else NOT_A_TPU_VM}", flush=True)
-    results = run_rules(Context(cfg, target, on_tpu_vm=on_tpu_vm))
+    results = run_rules(Context(cfg, task, target, on_tpu_vm=on_tpu_vm))
     print(format_report(results))
     print(summary(results))
     return 1 if any(result.status == FAIL for result in results) else 0

@@ -17,7 +17,6 @@ from .engine import (
     passed,
     rule,
     skip,
-    tasks,
     warn,
     worst,
 )
@@ -41,22 +40,33 @@ def input_static_shapes(ctx: Context) -> Verdict:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the record-level fallback warning is data.shard_count's business
     try:
-        for split, training in (("train", True), ("eval", False)):
+        compression = manifest.get("compression", "none")
+        for split in ("train", "eval"):
             files, examples_per_file = input_pipeline.split_files(cfg.data.dir, manifest, split)
-            dataset = input_pipeline.make_dataset(
-                files,
-                examples_per_file,
-                manifest,
-                ctx.per_replica_batch,
-                training=training,
-                pipeline_id=0,
-                num_pipelines=pipelines,
-                replicas_per_pipeline=max(1, target.replicas // pipelines),
-                compression=manifest.get("compression", "none"),
-                seed=cfg.runtime.seed,
-                shuffle_buffer=cfg.data.shuffle_buffer,
-                global_batch_size=cfg.train.global_batch_size,
-            )
+            if split == "train":
+                dataset = input_pipeline.train_pipeline(
+                    files,
+                    examples_per_file,
+                    ctx.task,
+                    manifest,
+                    ctx.per_replica_batch,
+                    seed=cfg.runtime.seed,
+                    shuffle_buffer=cfg.data.shuffle_buffer,
+                    num_pipelines=pipelines,
+                    compression=compression,
+                )
+            else:
+                dataset = input_pipeline.eval_pipeline(
+                    files,
+                    examples_per_file,
+                    ctx.task,
+                    manifest,
+                    ctx.per_replica_batch,
+                    num_pipelines=pipelines,
+                    replicas_per_pipeline=max(1, target.replicas // pipelines),
+                    global_batch_size=cfg.train.global_batch_size,
+                    compression=compression,
+                )
             specs = tf.nest.flatten(dataset.element_spec)
             shapes.append(f"{split} " + " ".join(str(spec.shape.as_list()) for spec in specs))
             dynamic += [f"{split} {spec.shape}" for spec in specs if not spec.shape.is_fully_defined()]
@@ -96,18 +106,16 @@ def input_host_capacity(ctx: Context) -> Verdict:
 
     cfg, target = ctx.cfg, ctx.target
     files, examples_per_file = input_pipeline.split_files(cfg.data.dir, manifest, "train")
-    replicas_per_host = max(1, target.replicas // target.hosts)
-    dataset = input_pipeline.make_dataset(
+    dataset = input_pipeline.train_pipeline(
         files,
         examples_per_file,
+        ctx.task,
         manifest,
         ctx.per_replica_batch,
-        training=True,
-        num_pipelines=target.hosts,
-        replicas_per_pipeline=replicas_per_host,
-        compression=manifest.get("compression", "none"),
         seed=cfg.runtime.seed,
         shuffle_buffer=cfg.data.shuffle_buffer,
+        num_pipelines=target.hosts,
+        compression=manifest.get("compression", "none"),
     )
     iterator = iter(dataset)
     next(iterator)  # threads started, first files open
@@ -138,7 +146,7 @@ def data_manifest(ctx: Context) -> Verdict:
     splits = manifest["splits"]
     return passed(
         f"{ctx.cfg.data.dir}: {splits['train']['num_examples']} train / {splits['eval']['num_examples']} "
-        f"eval examples, {tasks.current().describe_data(manifest)}, feature spec "
+        f"eval examples, {ctx.task.describe_data(manifest)}, feature spec "
         f"v{manifest['feature_spec']['version']}"
     )
 

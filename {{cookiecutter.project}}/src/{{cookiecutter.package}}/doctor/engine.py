@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import json
 import math
 import dataclasses
 from dataclasses import dataclass, field
@@ -81,7 +80,7 @@ def not_on_a_tpu(ctx: "Context", applies: str, checks: str) -> Verdict | None:
         return None
     return skip(
         f"{applies} to a TPU target, this one is {ctx.target.kind.upper()} "
-        f"(`make doctor CONFIG={config_lib.shipped_config(tasks.current().name, 'tpu')}` {checks})"
+        f"(`make doctor CONFIG={config_lib.shipped_config(ctx.task.name, 'tpu', registry=tasks)}` {checks})"
     )
 
 
@@ -149,11 +148,11 @@ class LayerInfo:
     synchronized: bool = False
 
 
-def model_layers(model) -> list[LayerInfo]:
-    """The conv, dense and batch-norm layers of a Keras model, nested models included."""
+def model_layers(model, task) -> list[LayerInfo]:
+    """The conv, dense and batch-norm layers of a Keras model of `task`, nested models included."""
     from ..core.keras import keras
 
-    outputs = set(tasks.current().output_layers(model))
+    outputs = set(task.output_layers(model))
     found = []
 
     def visit(layer):
@@ -199,18 +198,23 @@ def read_run_history(output_dir: str) -> RunHistory:
     import tensorflow as tf
     import yaml
 
-    def read(name: str):
-        path = f"{output_dir.rstrip('/')}/{name}"
+    from ..core import run_dir
+
+    def read_config():
+        path = run_dir.run_path(output_dir, "config.yaml")
         try:
             if not tf.io.gfile.exists(path):
                 return None
             with tf.io.gfile.GFile(path) as handle:
-                return json.load(handle) if name.endswith(".json") else yaml.safe_load(handle)
+                return yaml.safe_load(handle)
         except (tf.errors.OpError, ValueError, yaml.YAMLError):
             return None
 
-    run_config = read("config.yaml") or {}
-    metrics = read("metrics.json") or {}
+    run_config = read_config() or {}
+    try:  # the run record's one reader; a record that cannot be read is no history, not a failed check
+        metrics = run_dir.RunRecord(output_dir).values
+    except UserError:
+        metrics = {}
     train = run_config.get("train", {}) if isinstance(run_config, dict) else {}
     spe = train.get("steps_per_execution")
     metrics = metrics if isinstance(metrics, dict) else {}
@@ -229,8 +233,8 @@ def read_run_history(output_dir: str) -> RunHistory:
 class Context:
     """The facts the rules look at, each computed once, on first use."""
 
-    def __init__(self, cfg: config_lib.Config, target: Target, *, on_tpu_vm: bool = False):
-        self.cfg, self.target, self.on_tpu_vm = cfg, target, on_tpu_vm
+    def __init__(self, cfg: config_lib.Config, task, target: Target, *, on_tpu_vm: bool = False):
+        self.cfg, self.task, self.target, self.on_tpu_vm = cfg, task, target, on_tpu_vm
 
     @property
     def per_replica_batch(self) -> int | None:
@@ -247,7 +251,7 @@ class Context:
 
         data_dir = self.cfg.data.dir
         try:
-            return input_pipeline.read_manifest(data_dir, self.cfg.data), "", ""
+            return input_pipeline.read_manifest(data_dir, self.task, self.cfg.data), "", ""
         except UserError as error:  # its message says what is wrong; then, after "; ", the fix
             message, _, fix = str(error).partition("; ")
             return None, message, fix or f"re-run `make preprocess` (DATA_DIR={data_dir})"
@@ -285,7 +289,7 @@ class Context:
         any size costs this host no memory."""
         from ..core import memory
 
-        return memory.Planner(self.cfg, self.manifest or tasks.current().nominal_manifest(self.cfg.data))
+        return memory.Planner(self.cfg, self.task, self.manifest or self.task.nominal_manifest(self.cfg.data))
 
     @functools.cached_property
     def model_or_error(self) -> tuple[list[LayerInfo] | None, str, str | None]:
@@ -295,7 +299,7 @@ class Context:
         except Exception as error:  # noqa: BLE001 - a user's model may fail in any way; report it
             first_line = (str(error).strip().splitlines() or [""])[0]
             return None, "", f"{type(error).__name__}: {first_line}"
-        layers = model_layers(model)
+        layers = model_layers(model, self.task)
         description = f"{model.name}: {model.count_params():,} parameters, {len(layers)} conv/dense/batch-norm layers"
         return layers, description, None
 
@@ -332,8 +336,8 @@ def rule(name: str, *, tpu_vm_only: bool = False) -> Callable[[Rule], Rule]:
 # ----------------------------------------------------------------------------- running and reporting
 
 
-def task_rules() -> list[tuple[str, Rule, bool]]:
-    """The task's own rules (tasks/<name>/doctor_rules.py): pure functions of (config, target,
+def task_rules(task) -> list[tuple[str, Rule, bool]]:
+    """`task`'s own rules (tasks/<name>/doctor_rules.py): pure functions of (config, target,
     manifest) returning (status, message, fix)."""
 
     def adapt(function) -> Rule:
@@ -343,12 +347,12 @@ def task_rules() -> list[tuple[str, Rule, bool]]:
 
         return run
 
-    return [(name, adapt(function), False) for name, function in tasks.current().doctor_rules()]
+    return [(name, adapt(function), False) for name, function in task.doctor_rules()]
 
 
 def run_rules(ctx: Context, rules: Sequence[tuple[str, Rule, bool]] | None = None) -> list[Result]:
     results = []
-    for name, function, tpu_vm_only in [*RULES, *task_rules()] if rules is None else rules:
+    for name, function, tpu_vm_only in [*RULES, *task_rules(ctx.task)] if rules is None else rules:
         if tpu_vm_only and not ctx.on_tpu_vm:
             verdict = skip(NOT_A_TPU_VM)
         else:

@@ -18,7 +18,6 @@ from .engine import (
     passed,
     rule,
     skip,
-    tasks,
     warn,
 )
 
@@ -65,7 +64,7 @@ def model_feature_dims(ctx: Context) -> Verdict:
     listing = "; ".join(f"{width}: {_names(names)}" for width, names in sorted(by_width.items()))
     return warn(
         f"widths not a multiple of {quantum} ({why}), padded on the MXU: {listing}",
-        tasks.current().width_fix(ctx.cfg.model, quantum),
+        ctx.task.width_fix(ctx.cfg.model, quantum),
     )
 
 
@@ -81,7 +80,7 @@ def model_narrow_layers(ctx: Context) -> Verdict:
     return warn(
         f"{len(narrow)} layers narrower than {MXU_TILE} use a fraction of the {MXU_TILE}x{MXU_TILE} MXU: "
         f"{_names([f'{layer.name} ({layer.width})' for layer in narrow])}",
-        f"{tasks.current().width_fix(ctx.cfg.model, MXU_TILE)} on a TPU",
+        f"{ctx.task.width_fix(ctx.cfg.model, MXU_TILE)} on a TPU",
     )
 
 

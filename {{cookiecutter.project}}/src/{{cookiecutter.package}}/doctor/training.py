@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .. import tasks
 from ..core import baselines
 from ..core import config as config_lib
 from ..core import goodput
@@ -124,7 +123,7 @@ def train_baselines(ctx: Context) -> Verdict:
     """Whether the last run's final evaluation beat the best of the data's trivial baselines (the
     majority class, a bag-of-words model, an n-gram model, the train mean: `make preprocess` fits
     them), and what to try when it did not."""
-    task, metrics = tasks.current(), ctx.history.metrics
+    task, metrics = ctx.task, ctx.history.metrics
     headline, scores = task.headline_metric, metrics.get("baselines")
     if not isinstance(metrics.get(headline), (int, float)) or not isinstance(scores, dict) or not scores:
         return skip(

@@ -1,9 +1,10 @@
-"""The tasks of this project, and the one this process trains: the shared core reaches it only
-through `current()`.
+"""The tasks of this project, by name: a command loads the one its config names (`load(cfg.task)`)
+and hands it to the shared core, which takes the task as an argument and imports nothing from here.
 
 A task is a package here whose `TASK` implements the contract in ../core/task.py; `make new-task
-NAME=...` adds one. A config names the task it trains (its `task:` key) and loading it selects
-that task; without a config, the task this project was generated with.
+NAME=...` adds one. A config names the task it trains (its `task:` key); without one, the task this
+project was generated with (`DEFAULT`). Config loading reads the task's keys through this module,
+which the command passes to it (core/config.py's `registry`).
 """
 
 from __future__ import annotations
@@ -13,43 +14,39 @@ import importlib
 from pathlib import Path
 
 DEFAULT = "{{ cookiecutter.task }}"
-_selected = DEFAULT
 
 
 def available() -> list[str]:
     """The names of the task packages in this project (folders here with a task.py)."""
-    here = Path(__file__).parent
     return sorted(
-        folder.name
-        for folder in here.iterdir()
-        if folder.is_dir() and (folder / "task.py").is_file() and not folder.name.startswith(("_", "."))
+        {
+            folder.name
+            for here in __path__
+            for folder in Path(here).iterdir()
+            if folder.is_dir() and (folder / "task.py").is_file() and not folder.name.startswith(("_", "."))
+        }
     )
 
 
-def select(name: str, where: str = "") -> None:
-    """Makes `name` the current task; a name that is not a task here is a one-line UserError."""
-    from ..core.errors import UserError
-
-    global _selected
+def load(name: str, where: str = ""):
+    """The `Task` object of the task package `name`. A name that is not a task here is a one-line
+    UserError (`where` says where it was named, e.g. `in configs/local.yaml`); so is a package that
+    does not fulfil the contract (a required member left out, no `TASK`), naming what it lacks and
+    where, at load: not minutes later, when the core first calls what is missing."""
     if name not in available():
+        from ..core.errors import UserError
+
         raise UserError(
             f"task '{name}'{f' {where}' if where else ''} is not a task of this project; the tasks here are "
             f"{', '.join(available())} (packages under src/{__package__.split('.')[0]}/tasks/; "
             "`make new-task NAME=...` adds one)"
         )
-    _selected = name
-
-
-def current():
-    """The `Task` object of the selected task."""
-    return load(_selected)
+    return _load(name)
 
 
 @functools.lru_cache(maxsize=None)
-def load(name: str):
-    """The `Task` object of the task package `name`. A package that does not fulfil the contract (a
-    required member left out, no `TASK`) is a one-line UserError naming what it lacks and where, at
-    load: not minutes later, when the core first calls what is missing."""
+def _load(name: str):
+    """The `Task` object of the task package `name` (one of `available()`), loaded once."""
     from ..core.errors import UserError
     from ..core.task import IncompleteTask, Task
 

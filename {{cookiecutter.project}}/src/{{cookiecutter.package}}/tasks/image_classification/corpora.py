@@ -1,5 +1,5 @@
 """Image classification's real data: the public corpora `make real-data CORPUS=...` writes in this task's raw
-format (../../real_data.py: where they come from, how they are read)."""
+format: the task's `corpora()` (core/task.py's Corpus says what each field holds; ../../real_data.py fetches them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ...real_data import Corpus
+from ...core.task import Corpus
 
 
 def digits(content: bytes, output: Path) -> int:

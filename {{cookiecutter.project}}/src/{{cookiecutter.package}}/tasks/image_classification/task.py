@@ -26,6 +26,7 @@ from ...core.errors import UserError
 from ...core.task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
 from ..classification import ClassificationTask
 from . import csv_index, features, sample_data, stem
+from .corpora import CORPORA
 
 # Example proto and TFRecord framing around the pixels, for sizing shards.
 RECORD_OVERHEAD_BYTES = 64
@@ -261,6 +262,9 @@ class ImageClassificationTask(ClassificationTask):
             f"wrote {count} images in {len(sample_data.CLASSES)} classes + 2 broken files and a README "
             "(to show rejection)"
         )
+
+    def corpora(self) -> dict:
+        return CORPORA
 
     def nominal_manifest(self, data_config: ImageDataConfig) -> dict:
         return {"image_size": data_config.image_size, "image_encoding": data_config.image_encoding, "num_classes": 10}

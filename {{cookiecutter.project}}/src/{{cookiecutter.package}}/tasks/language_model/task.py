@@ -25,6 +25,7 @@ from ..text import raw, tokenizer
 from ..text.config import width_fix
 from . import packing, sample_data
 from .config import LanguageModelConfig, LanguageModelDataConfig, LanguageModelPredictConfig
+from .corpora import CORPORA
 
 TARGET_COUNT = "target_count:"
 """Prefix of the pack statistics that count each target id per split (for the unigram baseline)."""
@@ -266,6 +267,9 @@ class LanguageModelTask(Task):
     # --------------------------------------------------------------- the rest
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
         return sample_data.write_sample_data(output, seed=seed, small=small)
+
+    def corpora(self) -> dict:
+        return CORPORA
 
     def doctor_rules(self) -> list:
         return [

@@ -1,9 +1,10 @@
 """Text classification's real data: the public corpora `make real-data CORPUS=...` writes in this task's raw
-format (../../real_data.py: where they come from, how they are read)."""
+format: the task's `corpora()` (core/task.py's Corpus says what each field holds; ../../real_data.py fetches them)."""
 
 from __future__ import annotations
 
-from ...real_data import Corpus, movie_reviews, news_articles, write_jsonl
+from ...core.task import Corpus
+from ..text.corpora import movie_reviews, news_articles, write_jsonl
 
 CORPORA = {
     "news-outlets": Corpus(

@@ -23,6 +23,7 @@ from ..text import raw
 from . import doctor_rules, sample_data, tokenizer
 from ..text.config import width_fix
 from .config import ClassifierDataConfig, ClassifierModelConfig
+from .corpora import CORPORA
 
 
 class TextClassificationTask(ClassificationTask):
@@ -214,6 +215,9 @@ class TextClassificationTask(ClassificationTask):
     # --------------------------------------------------------------- the rest
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
         return sample_data.write_sample_data(output, seed=seed, small=small)
+
+    def corpora(self) -> dict:
+        return CORPORA
 
     def doctor_rules(self) -> list:
         return doctor_rules.rules()
