@@ -188,6 +188,20 @@ def test_sigterm_saves_at_the_next_boundary_and_stops(float32_policy, tmp_path):
     assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["4"]
 
 
+def test_a_notice_after_the_last_boundary_still_saves_and_reports_a_preemption(float32_policy, tmp_path):
+    """A notice while fit releases its input, after the last execution's boundary: the watch's end
+    saves the step reached and reports the stop, so the start still ends as preempted."""
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=5)
+    report = callbacks.Report(step=0)
+    stop = callbacks.Preemption(0, manager, poll_seconds=60, report=report)
+    with stop.watching():
+        fit([callbacks.FirstExecution(0, goodput.PhaseClock(), report), stop], steps=4, steps_per_execution=2)
+        assert report.stop is None and manager.checkpoints == []
+        stop.notice("the metadata server reports instance/preempted=TRUE")
+    assert report.stop == callbacks.Stop(goodput.PREEMPTED, "the metadata server reports instance/preempted=TRUE")
+    assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["4"]
+
+
 def test_a_notice_from_another_thread_saves_once_even_on_a_checkpoint_boundary(float32_policy, tmp_path):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=5)
     report = callbacks.Report(step=0)
@@ -225,13 +239,18 @@ def periodic_evaluation(cfg, tmp_path, results, report):
     checkpoint = tf.train.Checkpoint(step=variable)
     best_manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints" / "best"), max_to_keep=1)
     values = iter(results)
+
+    def evaluate() -> dict:
+        variable.assign_add(1.0)  # the weights of the n-th evaluation: n
+        return dict.fromkeys(names, next(values))
+
     task = tasks.load(cfg.task)
     names = metric_names(cfg, task, input_pipeline.read_manifest(cfg.data.dir, task, cfg.data))
     evaluation = callbacks.PeriodicEvaluation(
         0,
         cfg.train.eval_every,
         cfg.train.total_steps,
-        evaluate=lambda: dict.fromkeys(names, next(values)),
+        evaluate=evaluate,
         best_manager=best_manager,
         monitor=f"eval_{task.headline_metric}",
         mode="max" if task.higher_is_better else "min",
@@ -240,7 +259,7 @@ def periodic_evaluation(cfg, tmp_path, results, report):
         describe=lambda metrics: "scripted",
         report=report,
     )
-    return evaluation, names, best_manager
+    return evaluation, names, best_manager, variable
 
 
 def test_periodic_evaluation_runs_at_its_boundaries_before_the_last_step_into_the_logs(
@@ -248,7 +267,7 @@ def test_periodic_evaluation_runs_at_its_boundaries_before_the_last_step_into_th
 ):
     cfg = tiny_config(data_dir, tmp_path, "train.total_steps=12", "train.eval_every=4")
     report, logs = callbacks.Report(step=0), Logs()
-    evaluation, names, best_manager = periodic_evaluation(cfg, tmp_path, [1.0, 2.0, 3.0], report)
+    evaluation, names, best_manager, variable = periodic_evaluation(cfg, tmp_path, [1.0, 2.0, 3.0], report)
     fit([evaluation, logs], steps=12, steps_per_execution=2)
     assert [entry["step"] for entry in report.history] == [4, 8]  # 12 is the final evaluation's
     assert report.evaluation_seconds > 0
@@ -257,6 +276,10 @@ def test_periodic_evaluation_runs_at_its_boundaries_before_the_last_step_into_th
     assert all(logs.seen[8][f"eval_{name}"] == 2.0 for name in names)
     higher = tasks.load(cfg.task).higher_is_better
     assert best_manager.latest_checkpoint.endswith("ckpt-8" if higher else "ckpt-4")
+    # The kept checkpoint holds the best evaluation's weights (the 2nd's if higher is better, else the 1st's).
+    tf.train.Checkpoint(step=variable).restore(best_manager.latest_checkpoint).assert_consumed()
+    assert float(variable.numpy()) == (2.0 if higher else 1.0)
+    assert report.last_evaluation == (8, dict.fromkeys(names, 2.0))
 
 
 def test_no_evaluation_starts_once_training_stops(float32_policy, data_dir, tmp_path):

@@ -520,6 +520,22 @@ def test_make_eval_evaluates_the_checkpoint_before_a_truncated_latest_one(finish
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 40
 
 
+def test_a_finished_run_whose_newest_checkpoint_is_cut_short_trains_on_to_its_end(finished_run, tmp_path, capsys):
+    """The record says the run finished at step 48, but ckpt-48 cannot be read: the start restores
+    ckpt-40 and trains the 8 steps again instead of evaluating the older weights as the finished run."""
+    _, output, _ = finished_run
+    run = tmp_path / "run"
+    copy_with_a_truncated_latest_checkpoint(output, run)
+    capsys.readouterr()
+    cfg = config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}"], registry=tasks)
+    metrics = trainer.train(cfg, tasks.load(cfg.task))
+    printed = capsys.readouterr().out
+    assert "the run finished at step 48, restored at 40: training on" in printed
+    assert metrics["global_step"] == 48
+    start = json.loads((run / "metrics.json").read_text())["goodput"]["per_start"][-1]
+    assert (start["initial_step"], start["furthest_step"], start["end"]) == (40, 48, "finished")
+
+
 @pytest.mark.slow
 def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_run, tmp_path, capsys, monkeypatch):
     _, output, _ = finished_run

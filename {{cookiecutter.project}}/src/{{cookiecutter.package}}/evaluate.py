@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = RunRecord(cfg.runtime.output_dir)
     record.update(
         **judged(metrics, step, task, manifest),
-        examples_per_second=record.examples_per_second or metrics["eval_examples_per_second"],
+        examples_per_second=(
+            metrics["eval_examples_per_second"] if record.examples_per_second is None else record.examples_per_second
+        ),
     )
     path = record.write()
     described = describe(metrics, metric_names(cfg, task, manifest), task, manifest.get("baselines"))

@@ -63,12 +63,16 @@ class Report:
     utilisation: object | None = None
     """The model FLOPs per step against the chip's peak (StepLog, after the first execution)."""
     save_seconds: list[float] = dataclasses.field(default_factory=list)
-    """The wall seconds of each checkpoint save (Checkpoints, Preemption)."""
+    """The wall seconds of each checkpoint save (`save_checkpoint`: Checkpoints, Preemption, the
+    trainer's last save)."""
     history: list[dict] = dataclasses.field(default_factory=list)
     """Every periodic evaluation of the run, earlier starts' included: {"step", metric: value}
     (PeriodicEvaluation)."""
     evaluation_seconds: float = 0.0
     """Wall seconds of this start's periodic evaluations (PeriodicEvaluation)."""
+    last_evaluation: tuple[int, dict] | None = None
+    """The step and metrics of this start's latest periodic evaluation (PeriodicEvaluation): an early
+    stop's final evaluation is that one, not a second pass over the same weights."""
     stop: Stop | None = None
     """Why training stopped early, if it did (Preemption, EarlyStopping)."""
 
@@ -323,9 +327,15 @@ class _Watching:
         self.watcher.start()
         return self.callback
 
-    def __exit__(self, *exc):
+    def __exit__(self, error_type, *exc):
         self.watcher.stop()
         signal.signal(signal.SIGTERM, self.previous_handler)
+        callback = self.callback
+        if error_type is None and callback.reason and callback.report.stop is None:
+            # Asked after the last execution's boundary (while fit released its input): saved and
+            # reported all the same, so the start still ends as preempted.
+            save_checkpoint(callback.manager, callback.report.step, callback.report)
+            callback.report.stop = Stop(goodput.PREEMPTED, callback.reason)
         return False
 
 
@@ -365,6 +375,7 @@ class PeriodicEvaluation(BetweenExecutions):
         if best:
             self.best_manager.save(checkpoint_number=step)
         logs.update({f"eval_{name}": metrics[name] for name in self.metric_names})
+        self.report.last_evaluation = (step, metrics)
         self.report.evaluation_seconds += time.perf_counter() - started
         print(f"eval at step {step}: {self.describe(metrics)}{'  (best so far)' if best else ''}", flush=True)
         self.model.reset_metrics()  # evaluate() shares the compiled metrics with training

@@ -261,10 +261,11 @@ class Decision:
 
 
 def decide(cfg, target, own_calibration: dict | None, finished: bool) -> Decision:
-    """The one choice of a start, in order: a fixed `train.steps_per_execution`; a finished run (only
-    evaluated: 1, nothing measured); a calibration stored for this setting (the run's own
-    metrics.json, then the cache); else measured on the built model, which is compiled with Keras'
-    loop over the steps_per_execution variable so that one compilation serves every candidate."""
+    """The one choice of a start, in order: a fixed `train.steps_per_execution`; a run that is only
+    evaluated (`finished`: it finished or stopped early; 1, nothing measured); a calibration stored
+    for this setting (the run's own metrics.json, then the cache); else measured on the built model,
+    which is compiled with Keras' loop over the steps_per_execution variable so that one compilation
+    serves every candidate."""
     value = cfg.train.steps_per_execution
     if value not in ("auto", FRESH):
         return Decision(int(value))

@@ -5,9 +5,10 @@ a line, each step taking the values the steps before it made and returning its o
 `runtime.output_dir` (run_dir.py). Starting again resumes from the latest checkpoint; SIGTERM or a
 metadata notice saves a checkpoint and raises `Preempted` within one execution of
 `steps_per_execution` steps (the command exits with 143); a NaN loss stops the run without saving.
-The run record says how each start ended (goodput.py): a finished or stopped-early run is evaluated
-again by the next start, not trained further. What happens between executions is in callbacks.py,
-one callback per concern, each reporting into one `callbacks.Report`.
+The run record says how each start ended (goodput.py): a run that finished (at the same
+`train.total_steps`) or stopped early is evaluated again by the next start, not trained further.
+What happens between executions is in callbacks.py, one callback per concern, each reporting into
+one `callbacks.Report`.
 """
 
 from __future__ import annotations
@@ -152,20 +153,25 @@ class Trainer:
                 # would otherwise create them at the first update, and a finished run (evaluated, never
                 # updated) would warn about every slot value the checkpoint holds.
                 model.optimizer.build(model.trainable_variables)
-        cursor = input_cursor.InputCursor(
-            input_cursor.layout(cfg, start.manifest, start.target.hosts, start.target.replicas),
-            step=lambda: model.optimizer.iterations.numpy(),
-        )
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, input=cursor)
-        manager = tf.train.CheckpointManager(
-            checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
-        )
-        best_manager = tf.train.CheckpointManager(
-            checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1
-        )
+            cursor = input_cursor.InputCursor(
+                input_cursor.layout(cfg, start.manifest, start.target.hosts, start.target.replicas),
+                step=lambda: model.optimizer.iterations.numpy(),
+            )
+            checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, input=cursor)
+            manager = tf.train.CheckpointManager(
+                checkpoint, run_path(output_dir, "checkpoints"), max_to_keep=cfg.train.keep_checkpoints
+            )
+            best_manager = tf.train.CheckpointManager(
+                checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1
+            )
         with self.clock.phase(goodput.RESTORE):
             restore_newest_readable(checkpoint, manager, cursor)
         initial_step = int(model.optimizer.iterations.numpy())
+        if done and initial_step < furthest:  # its newest checkpoint could not be read: train on to it
+            print(
+                f"the run {start.previous_end} at step {furthest}, restored at {initial_step}: training on", flush=True
+            )
+            done = False
         order = cursor.resume(initial_step, reseed=cfg.runtime.resume_input == "reseed")
         if order.note:
             print(order.note, flush=True)
@@ -241,23 +247,28 @@ class Trainer:
             restored.initial_step, restored.manager, cfg.runtime.metadata_poll_seconds, report
         )
         callback_list = self.callbacks(start, restored, ready, report, writer, progress, profile_window, preemption)
-        try:
-            with self.clock.phase(goodput.TRAINING), preemption.watching():
-                if restored.remaining > 0:
-                    restored.model.fit(
-                        ready.dataset, epochs=1, steps_per_epoch=restored.remaining, callbacks=callback_list, verbose=0
-                    )
-        except callbacks.NonFiniteLoss:
-            progress.write(report.step, end=goodput.NON_FINITE_LOSS)
-            raise
-        finally:
-            profile_window.stop()
-            writer.flush()
-        self.clock.move(report.evaluation_seconds, goodput.TRAINING, goodput.EVALUATION)
-        if restored.remaining > 0:
-            # From the last step's callback to fit() returning: releasing the input iterators. Near 0 s;
-            # the tf.data autotuning race described in input_pipeline.py made it minutes.
-            self.clock.move(time.perf_counter() - report.end_time, goodput.TRAINING, goodput.END_OF_FIT)
+        with self.clock.phase(goodput.TRAINING):
+            try:
+                with preemption.watching():
+                    if restored.remaining > 0:
+                        restored.model.fit(
+                            ready.dataset,
+                            epochs=1,
+                            steps_per_epoch=restored.remaining,
+                            callbacks=callback_list,
+                            verbose=0,
+                        )
+            except callbacks.NonFiniteLoss:
+                progress.write(report.step, end=goodput.NON_FINITE_LOSS)
+                raise
+            finally:
+                profile_window.stop()
+                writer.flush()
+            self.clock.move(report.evaluation_seconds, goodput.TRAINING, goodput.EVALUATION)
+            if restored.remaining > 0:
+                # From the last step's callback to fit() returning: releasing the input iterators. Near
+                # 0 s; the tf.data autotuning race described in input_pipeline.py made it minutes.
+                self.clock.move(time.perf_counter() - report.end_time, goodput.TRAINING, goodput.END_OF_FIT)
         if report.save_seconds:
             seconds = report.save_seconds
             print(f"checkpoint save: {max(seconds):.2f} s at most ({len(seconds)} saves)", flush=True)
@@ -270,7 +281,7 @@ class Trainer:
         task's own (`Task.callbacks`)."""
         cfg, task, manifest, step = ready.cfg, self.task, start.manifest, restored.initial_step
         output_dir, names = cfg.runtime.output_dir, metric_names(cfg, task, start.manifest)
-        monitor, mode = f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
+        monitor, mode = self.monitor()
 
         def utilisation() -> utilisation_lib.Utilisation:
             """The step's model FLOPs (traced from the model, core/memory.py) against the chip's peak."""
@@ -321,43 +332,55 @@ class Trainer:
             f"{restored.manager.latest_checkpoint}; run the same command again to resume",
             flush=True,
         )
-        task = self.task
-        progress.record.update(
-            **callbacks.evaluation_summary(
-                report.history, f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
-            )
-        )
-        summary = progress.write(report.step, end=goodput.PREEMPTED)
-        print(f"timings: {self.clock.report()}", flush=True)
+        monitor, mode = self.monitor()
+        with self.clock.phase(goodput.TRAINING):  # the record's write, booked where fit left the clock
+            progress.record.update(**callbacks.evaluation_summary(report.history, monitor, mode))
+            summary = progress.write(report.step, end=goodput.PREEMPTED)
+            print(f"timings: {self.clock.report()}", flush=True)
         print(goodput.describe(summary, cfg.train.steps_per_execution), flush=True)
         raise Preempted(reason, report.step)
+
+    def monitor(self) -> tuple[str, str]:
+        """What the best evaluation and early stopping go by: the task's headline metric as Keras' logs
+        name it (`eval_<metric>`), and whether higher ('max') or lower ('min') is better."""
+        return f"eval_{self.task.headline_metric}", "max" if self.task.higher_is_better else "min"
 
     def finish(self, start, restored, ready, report, progress) -> dict:
         """The last checkpoint, the final evaluation, the figures of training, the export, the run
         record and the report."""
         cfg, step = ready.cfg, report.step
-        callbacks.save_checkpoint(restored.manager, step, report)
+        stop = report.stop
+        if stop is None and restored.remaining > 0 and step < cfg.train.total_steps:  # another callback's stop
+            stop = callbacks.Stop(goodput.STOPPED_EARLY, f"a callback set model.stop_training at step {step}")
+        with self.clock.phase(goodput.TRAINING):
+            callbacks.save_checkpoint(restored.manager, step, report)
         with self.clock.phase(goodput.EVALUATION):
             metrics = self.final_evaluation(start, restored, ready, report)
-        with self.clock.phase(goodput.EXPORT):
+        with self.clock.phase(goodput.EXPORT):  # with the record's writing, as the report's last phase
             export_dir = export(restored.model, cfg.runtime.output_dir, start.manifest, cfg, self.task)
-        metrics["phase_seconds"] = self.clock.so_far()
-        metrics["time_to_first_step_seconds"] = round(goodput.time_to_first_step(metrics["phase_seconds"]), 2)
-        if report.stop:
-            metrics["stopped_early"] = report.stop.detail
-        start.record.update(**metrics)
-        end = report.stop.end if report.stop else (start.previous_end if restored.remaining == 0 else None)
-        summary = progress.write(step, end=end if end in goodput.DONE else goodput.FINISHED)
-        self.print_summary(start, ready, metrics, summary, export_dir)
+            metrics["phase_seconds"] = self.clock.so_far()
+            metrics["time_to_first_step_seconds"] = round(goodput.time_to_first_step(metrics["phase_seconds"]), 2)
+            if stop:
+                metrics["stopped_early"] = stop.detail
+            elif restored.remaining == 0 and start.previous_end == goodput.STOPPED_EARLY:
+                metrics["stopped_early"] = start.record.get("stopped_early", "")
+            start.record.update(**metrics)
+            end = stop.end if stop else (start.previous_end if restored.remaining == 0 else None)
+            summary = progress.write(step, end=end if end in goodput.DONE else goodput.FINISHED)
+            self.print_summary(start, ready, metrics, summary, export_dir)
         return {**metrics, "goodput": summary}
 
     def final_evaluation(self, start: Start, restored: Restored, ready: Ready, report: callbacks.Report) -> dict:
         """The evaluation at the last step with everything the run measured beside it: throughput,
         utilisation, the baselines, checkpoint saves, device memory and the periodic evaluations."""
         cfg, task, manifest, step = ready.cfg, self.task, start.manifest, report.step
-        metrics = judged(
-            evaluate_model(restored.model, start.target.strategy, cfg, task, manifest), step, task, manifest
+        stopped_at_evaluation = report.last_evaluation and report.last_evaluation[0] == step
+        evaluated = (
+            dict(report.last_evaluation[1])
+            if stopped_at_evaluation  # an early stop comes right after an evaluation of these weights
+            else evaluate_model(restored.model, start.target.strategy, cfg, task, manifest)
         )
+        metrics = judged(evaluated, step, task, manifest)
         # Over what an earlier start wrote: a rerun of a finished run renews the evaluation, keeps
         # the rest, and keeps the run's throughput (no step trained in this start).
         throughput = report.examples_per_second(cfg.effective_batch_size)
@@ -376,7 +399,7 @@ class Trainer:
             metrics.update(measured_memory(cfg, task, start.target, manifest))
         names = metric_names(cfg, task, manifest)
         if cfg.train.eval_every:
-            monitor, mode = f"eval_{task.headline_metric}", "max" if task.higher_is_better else "min"
+            monitor, mode = self.monitor()
             if callbacks.record_evaluation(report.history, step, metrics, names, monitor, mode):
                 restored.best_manager.save(checkpoint_number=step)
             write_eval_summaries(cfg.runtime.output_dir, metrics, step, names)
