@@ -70,6 +70,8 @@ def test_first_execution_books_the_first_execution_apart_once(float32_policy, ca
         fit([callbacks.FirstExecution(0, clock, report)], steps=6, steps_per_execution=2)
     seconds = clock.so_far()
     assert seconds[goodput.FIRST_EXECUTION] > 0 and seconds[goodput.TRAINING] >= 0
+    # Booked after training began, listed before it: the timings line follows a start's order.
+    assert list(seconds) == [goodput.START_UP, goodput.FIRST_EXECUTION, goodput.TRAINING]
     assert (report.first_step, report.step) == (2, 6)
     printed = capsys.readouterr().out
     assert printed.count("time to first step") == 1

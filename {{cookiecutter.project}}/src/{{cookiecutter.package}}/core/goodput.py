@@ -36,6 +36,20 @@ REPEATED_STEPS = "repeated steps"
 
 # The phases before a start's first step, in the order they happen.
 BEFORE_FIRST_STEP = (STRATEGY, DATA_CHECK, START_UP, MODEL_BUILD, RESTORE, CALIBRATION, FIRST_EXECUTION)
+# Every phase, in the order a start goes through them (the order of the timings line).
+PHASES = (
+    START_UP,
+    STRATEGY,
+    DATA_CHECK,
+    MODEL_BUILD,
+    RESTORE,
+    CALIBRATION,
+    FIRST_EXECUTION,
+    TRAINING,
+    EVALUATION,
+    END_OF_FIT,
+    EXPORT,
+)
 
 # What to change when a phase dominates; `{spe}` is the steps_per_execution the run used.
 FIXES = {
@@ -104,9 +118,10 @@ class PhaseClock:
         return seconds
 
     def so_far(self) -> dict[str, float]:
-        """The seconds of each phase, the open ones up to now."""
+        """The seconds of each phase, the open ones up to now, in the order a start goes through them."""
         self._book()
-        return {name: round(value, 2) for name, value in self.seconds.items()}
+        ordered = sorted(self.seconds, key=lambda name: PHASES.index(name) if name in PHASES else len(PHASES))
+        return {name: round(self.seconds[name], 2) for name in ordered}
 
     def describe_first_step(self) -> str:
         seconds = self.so_far()
