@@ -69,12 +69,12 @@ class DualEncoder(NewTask):
         }
         return keras.Model(inputs, outputs, name="__task__")
 
-    def step_loss(self, objective_config, manifest: dict):
+    def build_step_loss(self, objective_config, manifest: dict):
         import tensorflow as tf
 
         from ...core.model import gather, replica_offset
 
-        def in_batch_softmax(features, targets, outputs, weights):
+        def in_batch_softmax(model, features, targets, outputs, weights):
             queries = outputs["query"]
             weights = tf.ones(tf.shape(queries)[:1]) if weights is None else tf.cast(weights, tf.float32)
             documents = gather(outputs["document"])  # every replica's: the global batch's candidates
@@ -88,14 +88,13 @@ class DualEncoder(NewTask):
 
         return in_batch_softmax
 
-    def split_metrics(self, objective_config, manifest: dict) -> dict:
-        def recall_at_1(outputs, targets):
-            similarity = outputs["query"] @ outputs["document"].T  # every eval query against every eval document
-            return float(np.mean(np.argmax(similarity, axis=1) == np.arange(len(similarity))))
+    split_metric_names = ("recall_at_1",)
 
-        return {"recall_at_1": recall_at_1}
+    def split_metrics(self, model, outputs, targets, objective_config, manifest: dict) -> dict:
+        similarity = outputs["query"] @ outputs["document"].T  # every eval query against every eval document
+        return {"recall_at_1": float(np.mean(np.argmax(similarity, axis=1) == np.arange(len(similarity))))}
 
-    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
+    def build_serving_signature(self, model, predict_config, objective_config, manifest: dict):
         import tensorflow as tf
 
         from ...core.keras import keras
@@ -109,7 +108,7 @@ class DualEncoder(NewTask):
 
         return serve
 
-    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
+    def predictions(self, inputs, outputs: dict, manifest: dict, export_dir: str) -> list[dict]:
         return [{"embedding": " ".join(f"{value:.3f}" for value in row[:4]) + " ..."} for row in outputs["embedding"]]
 
 

@@ -36,7 +36,7 @@ EXPECTED_FILES = {
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
         "test_gcs_emulator",
-        "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
+        "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_parity_randomness", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
         "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.

@@ -89,7 +89,7 @@ class OneFeature:
         parsed = tf.io.parse_example(serialized, spec)
         return parsed["x"], parsed["label"]
 
-    def baselines(self, train, evaluation, manifest):
+    def score_baselines(self, train, evaluation, manifest):
         return linear_baselines(train, evaluation, 2, lambda x: x, "ridge", "linear")
 
 
@@ -147,7 +147,7 @@ def test_the_pixel_baseline_against_the_same_hand_count():
         for features, labels in batches(rows):
             yield np.ones((len(labels), 8, 8, 3), np.float32) * (features[:, :1, None, None] / 3.0), labels
 
-    found = TASK.baselines(images(RIDGE_TRAIN), images(RIDGE_EVAL), {"num_classes": 2})
+    found = TASK.score_baselines(images(RIDGE_TRAIN), images(RIDGE_EVAL), {"num_classes": 2})
     assert found == {"majority": 0.4, "linear-8x8-pixels": 0.6}
 
 

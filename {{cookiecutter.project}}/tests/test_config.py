@@ -237,8 +237,8 @@ def test_the_task_sections_are_typed_and_documented():
 
 def test_the_objective_section_reaches_the_loss_and_metrics_and_is_refused_when_unknown(tmp_path, monkeypatch):
     """`objective:` is the task's like `model:`: its keys typed and written to config.yaml, an
-    unknown one refused in one line, and the values handed to `loss`, `metrics` and the export's
-    `serving_signature` (with the manifest)."""
+    unknown one refused in one line, and the values handed to `build_loss`, `build_metrics` and the
+    export's `build_serving_signature` (with the manifest)."""
     import dataclasses
 
     from {{ cookiecutter.package }}.core import model, run_dir
@@ -256,15 +256,15 @@ def test_the_objective_section_reaches_the_loss_and_metrics_and_is_refused_when_
     assert config.load(str(path), registry=tasks).objective == cfg.objective
 
     task, seen = tasks.load(cfg.task), []
-    own_loss, own_metrics = task.loss, task.metrics
+    own_loss, own_metrics = task.build_loss, task.build_metrics
     monkeypatch.setattr(
         task,
-        "loss",
+        "build_loss",
         lambda objective, manifest: seen.append(("loss", objective, manifest)) or own_loss(objective, manifest),
     )
     monkeypatch.setattr(
         task,
-        "metrics",
+        "build_metrics",
         lambda objective, manifest: seen.append(("metrics", objective, manifest)) or own_metrics(objective, manifest),
     )
     manifest = task.nominal_manifest(cfg.data)
@@ -277,10 +277,10 @@ def test_the_objective_section_reaches_the_loss_and_metrics_and_is_refused_when_
     class Exported(Exception):
         """Stops the export once the serving signature is asked for: its arguments are the check."""
 
-    def serving_signature(model_, manifest_, predict, objective):
+    def build_serving_signature(model_, predict, objective, manifest_):
         raise Exported(predict is cfg.predict and objective is cfg.objective and manifest_ is manifest)
 
-    monkeypatch.setattr(task, "serving_signature", serving_signature)
+    monkeypatch.setattr(task, "build_serving_signature", build_serving_signature)
     with pytest.raises(Exported) as exported:
         run_dir.export(None, str(tmp_path / "run"), manifest, cfg, task)
     assert exported.value.args == (True,)

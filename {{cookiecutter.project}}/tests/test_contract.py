@@ -28,6 +28,7 @@ from {{ cookiecutter.package }} import predict, tasks
 from {{ cookiecutter.package }}.core import task as task_lib
 from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.core.task import RawExample, Task
+from {{ cookiecutter.package }}.tasks.classification import ClassificationTask
 
 TASKS = tasks.available()
 
@@ -74,10 +75,10 @@ def test_parsed_batches_have_static_shapes_and_encoding_is_deterministic(task_na
             examples += [item for item in task.read_raw(unit, handle.read()) if isinstance(item, RawExample)]
         if len(examples) >= 4:
             break
-    categories = manifest.get("label_names", []) if task.categorical_targets else []
+    vocabularies = {field: sorted(counts) for field, counts in manifest["vocabularies"].items()}
     artifacts = {name: (data / name).read_bytes() for name in manifest["artifacts"]}
-    records = [task.encode(example, categories, data_config, artifacts)[0] for example in examples[:4]]
-    assert records == [task.encode(example, categories, data_config, artifacts)[0] for example in examples[:4]]
+    records = [task.encode(example, data_config, vocabularies, artifacts)[0] for example in examples[:4]]
+    assert records == [task.encode(example, data_config, vocabularies, artifacts)[0] for example in examples[:4]]
     parsed = task.parse_batch(tf.constant([*records, task.padding_record(manifest)]), manifest)
     expected = [spec.shape[1:] for spec in tf.nest.flatten((features, targets))]
     assert [tensor.shape[1:] for tensor in tf.nest.flatten(parsed)] == expected
@@ -160,35 +161,50 @@ def test_evaluation_counts_every_eval_example_once(contract_run):
     assert metrics["eval_examples"] == manifest["splits"]["eval"]["num_examples"]
 
 
-def test_a_tasks_split_metrics_see_every_eval_example_once(task_name, sample, tmp_path, monkeypatch):
-    """Task.split_metrics on 8 replicas: evaluation calls each function once with the model's outputs
-    and the targets of every eval example exactly once (the padding left out) and reports its value
-    under its name beside the streaming metrics; a training step's metrics leave it out. The same
-    model on one device, over the same split, gives what the functions saw."""
+def test_a_tasks_split_metrics_come_from_one_pass_traced_once(task_name, sample, tmp_path, monkeypatch):
+    """Task.split_metrics on 8 replicas: evaluation calls it once, with the model and the model's
+    outputs and the targets of every eval example exactly once (the padding left out), and reports
+    every name it returns (several numbers from one call) beside the streaming metrics; a training
+    step's metrics leave them out. The same model on one device, over the same split, gives what it
+    saw. A second evaluation of the model traces nothing again; a call that leaves out a declared
+    name is refused in one line."""
     from {{ cookiecutter.package }}.core import distribute
+    from {{ cookiecutter.package }}.core.errors import UserError
     from {{ cookiecutter.package }}.core.model import build_model, compile_model, metric_names, step_metric_names
 
     task = tasks.load(task_name)
     _, data = sample
     cfg = task_config(task_name, data, tmp_path)
     manifest = input_pipeline.read_manifest(str(data), task, cfg.data)
-    seen = []
+    names, calls = ("split_examples", "split_mean_output"), []
 
-    def examples(outputs, targets):
-        seen.append((outputs, targets))
-        return float(len(tf.nest.flatten(targets)[0]))
+    def split_metrics(model, outputs, targets, objective_config, manifest_):
+        calls.append((model, outputs, targets, objective_config, manifest_))
+        found = {"split_examples": float(len(tf.nest.flatten(targets)[0]))}
+        return {**found, "split_mean_output": float(np.mean(tf.nest.flatten(outputs)[0]))}
 
-    def mean_output(outputs, targets):
-        return float(np.mean(tf.nest.flatten(outputs)[0]))
-
-    wanted = {"split_examples": examples, "split_mean_output": mean_output}
-    monkeypatch.setattr(task, "split_metrics", lambda objective_config, manifest: wanted)
-    assert metric_names(cfg, task, manifest)[-2:] == list(wanted)
-    assert not set(wanted) & set(step_metric_names(cfg, task, manifest))
+    monkeypatch.setattr(task, "split_metric_names", names)
+    monkeypatch.setattr(task, "split_metrics", split_metrics)
+    assert metric_names(cfg, task, manifest)[-2:] == list(names)
+    assert not set(names) & set(step_metric_names(cfg, task, manifest))
     resolved = distribute.resolve(cfg.runtime)
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, 1)
+    traces, call = [], model.call
+
+    def counted(*args, **kwargs):  # runs in Python only while a function calling the model is traced
+        traces.append(1)
+        return call(*args, **kwargs)
+
+    model.call = counted
     metrics = evaluation.evaluate_model(model, resolved.strategy, cfg, task, manifest)
+    [(seen_model, seen_outputs, seen_targets, seen_objective, seen_manifest)] = calls
+    assert seen_model is model and seen_objective is cfg.objective and seen_manifest is manifest
+    traced = len(traces)
+    again = evaluation.evaluate_model(model, resolved.strategy, cfg, task, manifest)
+    assert len(calls) == 2 and traced > 0 and len(traces) == traced  # the evaluation and the split pass: cached
+    assert again["split_examples"] == metrics["split_examples"]
+    del model.call
 
     files, counts = input_pipeline.split_files(str(data), manifest, "eval")
     outputs, targets = [], []
@@ -201,10 +217,14 @@ def test_a_tasks_split_metrics_see_every_eval_example_once(task_name, sample, tm
     def rows(array):
         return sorted(row.tobytes() for row in array.reshape(len(array), -1))
 
-    [(seen_outputs, seen_targets)] = seen
     assert metrics["split_examples"] == len(targets) == manifest["splits"]["eval"]["num_examples"]
     assert rows(tf.nest.flatten(seen_targets)[0]) == rows(targets)  # each example once, in any order
     assert metrics["split_mean_output"] == pytest.approx(float(np.mean(outputs)), rel=1e-4, abs=1e-6)
+
+    monkeypatch.setattr(task, "split_metrics", lambda *args: {"split_examples": 1.0})
+    refused = r"^the task's split_metrics returned \['split_examples'\]: .*add the other names to split_metric_names$"
+    with pytest.raises(UserError, match=refused):
+        evaluation.evaluate_model(model, resolved.strategy, cfg, task, manifest)
 
 
 def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys, tmp_path):
@@ -232,27 +252,36 @@ def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys,
     assert written["examples_per_second"] == pytest.approx(metrics["examples_per_second"])
 
 
-def test_the_export_alone_predicts(contract_run, sample, tmp_path):
+def test_the_export_alone_predicts(contract_run, sample, tmp_path, monkeypatch):
+    """`make predict` from a copy of the export alone; the task's `predictions` is given the batch its
+    `predict_inputs` returned, beside the served outputs."""
     cfg, output, _, _ = contract_run
     task = tasks.load(cfg.task)
     raw, _ = sample
     moved = tmp_path / "elsewhere"
     shutil.copytree(output / "export", moved / "export")  # no data folder, no checkpoints
     inputs = task.testing().predict_inputs(raw, tmp_path)
+    read, formatted, batches, given = task.predict_inputs, task.predictions, [], []
+    monkeypatch.setattr(task, "predict_inputs", lambda *args: batches.append(read(*args)) or batches[-1])
+    monkeypatch.setattr(task, "predictions", lambda *args: given.append(args) or formatted(*args))
     rows = predict.predict(str(moved), inputs)
+    [(names, batch)] = batches
+    [(inputs_given, outputs, manifest, export_dir)] = given
+    assert inputs_given is batch and export_dir == str(moved / "export") and manifest["task"] == task.name
+    assert [name for name, _ in rows] == names and len(tf.nest.flatten(outputs)[0]) == len(names)
     assert rows and all(fields for _, fields in rows)
     lines = [predict.line(name, fields) for name, fields in rows]
     assert all(line.endswith(name) and line.count("\t") == len(fields) for line, (name, fields) in zip(lines, rows))
 
 
-# The tasks whose targets are categories: only they serve a class and its probability. A project
+# The classifiers (tasks/classification.py): only they serve a class and its probability. A project
 # without one collects no such test (nothing to skip); a classifier added later brings it back.
-CLASSIFIERS = [name for name in TASKS if tasks.load(name).categorical_targets]
+CLASSIFIERS = [name for name in TASKS if isinstance(tasks.load(name), ClassificationTask)]
 
 
 @pytest.mark.parametrize("task_name", CLASSIFIERS)
 def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(contract_run, sample, tmp_path):
-    """A task with categories: for every eval example, the export's probabilities are the softmax of
+    """A classifier: for every eval example, the export's probabilities are the softmax of
     the trained model's logits (restored from the checkpoint, not from the export), and what `make
     predict` prints is the class they rank first with its probability; so predict's labels score
     the accuracy the run's final evaluation reported."""
@@ -281,7 +310,9 @@ def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(
     logits = tf.cast(model(features, training=False), tf.float32)
     np.testing.assert_allclose(probabilities, tf.nn.softmax(logits).numpy(), atol=2e-2)
 
-    printed = task.predictions(served, export_dir, manifest)
+    printed = task.predictions(
+        tf.nest.map_structure(lambda tensor: tensor.numpy(), features), served, manifest, export_dir
+    )
     likeliest = probabilities.argmax(axis=1)
     assert [row["label"] for row in printed] == [manifest["label_names"][index] for index in likeliest]
     assert [row["probability"] for row in printed] == pytest.approx(probabilities.max(axis=1).tolist(), rel=1e-6)
@@ -290,7 +321,7 @@ def test_a_classifier_prints_the_likeliest_class_of_the_probabilities_it_serves(
 
     # The same through predict's own reading of INPUT files, as `make predict` runs it.
     inputs = task.testing().predict_inputs(raw, tmp_path)
-    names, batch = task.predict_inputs(inputs, export_dir, manifest)
+    names, batch = task.predict_inputs(inputs, manifest, export_dir)
     expected = serve(tf.constant(batch))["probabilities"].numpy()
     rows = predict.predict(str(output), inputs)
     assert [name for name, _ in rows] == names
@@ -317,7 +348,7 @@ def test_label_smoothing_is_cross_entropy_against_smoothed_targets(task_name):
     task = tasks.load(task_name)
     for smoothing in (0.0, 0.1):
         cfg = config.load(str(config_file(task_name)), [f"objective.label_smoothing={smoothing}"], registry=tasks)
-        per_example = task.loss(cfg.objective, manifest).call(tf.constant(targets), tf.constant(logits))
+        per_example = task.build_loss(cfg.objective, manifest).call(tf.constant(targets), tf.constant(logits))
         smoothed = (1 - smoothing) * one_hot + smoothing / 4
         np.testing.assert_allclose(per_example.numpy(), -(smoothed * log_softmax).sum(axis=1), rtol=1e-5)
     with pytest.raises(UserError, match=r"objective.label_smoothing must be in \[0, 1\), got 1.0"):
@@ -335,9 +366,10 @@ def contract_map() -> dict[str, bool]:
     """The members task.py's docstring maps, each with whether it is marked required (*)."""
     members = {}
     for line in task_lib.__doc__.splitlines():
-        row = re.fullmatch(r"    \S.*?  +(\w.*)", line)  # "    <stage>  <member>[*], ..."
+        # "    <group>  <member>[*], ...", or a continuation line indented to the members' column
+        row = re.fullmatch(r"    (?:\S.*?  +| {13})(\w[\w*, ]*)", line)
         if row:
-            members.update({name.rstrip("*"): name.endswith("*") for name in row.group(1).split(", ")})
+            members.update({name: bool(star) for name, star in re.findall(r"(\w+)(\*?)", row.group(1))})
     return members
 
 
@@ -345,10 +377,10 @@ def test_the_map_names_every_member_and_the_required_ones_are_abstract():
     documented = contract_map()
     # Every member, in the order Task defines them (its body follows the map).
     assert list(documented) == [name for name in vars(Task) if not name.startswith("_")]
-    # `loss` is required unless a task has a step_loss: Task.__new__ enforces it, not ABC.
-    assert {name for name, required in documented.items() if required} == {*Task.__abstractmethods__, "loss"}
-    for name in TASKS:  # derived from whether `fit` is overridden: no task may set it
-        assert isinstance(inspect.getattr_static(tasks.load(name), "needs_fit"), property), name
+    # `build_loss` is required unless a task has a build_step_loss: Task.__new__ enforces it, not ABC.
+    assert {name for name, required in documented.items() if required} == {*Task.__abstractmethods__, "build_loss"}
+    for name in TASKS:  # derived from whether `fit_encoding` is overridden: no task may set it
+        assert isinstance(inspect.getattr_static(tasks.load(name), "needs_encoding_fit"), property), name
 
 
 UNFINISHED = """

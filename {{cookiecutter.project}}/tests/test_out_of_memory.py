@@ -109,10 +109,10 @@ def test_out_of_memory_in_the_final_evaluation_make_eval_and_the_export_is_one_l
     assert_one_line(raised, cfg, ("evaluate.py", "main"), ("evaluation.py", "evaluate_model"))
 
     # Run again, the run is finished: evaluated, then exported.
-    def serving_signature(*args):
+    def build_serving_signature(*args):
         raise tf.errors.ResourceExhaustedError(None, None, "Ran out of memory in memory space hbm")
 
-    monkeypatch.setattr(tasks.load(cfg.task), "serving_signature", serving_signature)
+    monkeypatch.setattr(tasks.load(cfg.task), "build_serving_signature", build_serving_signature)
     with pytest.raises(UserError) as raised:
         trainer.train(config.load(str(tmp_path / "config.yaml"), registry=tasks), tasks.load(cfg.task))
     assert_one_line(raised, cfg, ("trainer.py", "finish"), ("run_dir.py", "export"))

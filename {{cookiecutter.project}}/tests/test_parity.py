@@ -1,4 +1,4 @@
-"""make parity's verdicts, both ways, and a task's step_loss on 8 replicas against one device: small
+"""make parity's verdicts, both ways, and a task's step loss on 8 replicas against one device: small
 two-tower models on random pairs, the suite's 8-replica strategy against one CPU device, float32."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def in_batch_loss(global_negatives: bool):
     """Each query's softmax cross-entropy over the documents of its batch: this replica's share of it,
     or (global_negatives) the whole global batch's, gathered."""
 
-    def step_loss(features, targets, outputs, weights):
+    def step_loss(model, features, targets, outputs, weights):
         documents = gather(outputs["document"]) if global_negatives else outputs["document"]
         offset = replica_offset(outputs["query"]) if global_negatives else 0
         logits = tf.matmul(outputs["query"], documents, transpose_b=True) / 0.1
@@ -103,11 +103,58 @@ def test_the_in_batch_loss_over_the_gathered_batch_agrees_and_has_the_one_device
     assert np.abs(updates[0][0]).max() > 1e-4  # the update is not zero
 
 
+class Transitions(keras.layers.Layer):
+    """A weight of the objective, as a CRF keeps its transition matrix: a trainable [4, 4] matrix that
+    only the step loss reads (from the model it is given); the layer passes its input on unchanged."""
+
+    def build(self, input_shape):
+        self.matrix = self.add_weight(name="matrix", shape=(4, 4), initializer="random_normal", trainable=True)
+
+    def call(self, inputs):
+        return tf.identity(inputs)
+
+
+def chain_loss(model, features, targets, outputs, weights):
+    """The negative log-likelihood of the target repeated over a chain of two steps, scored by the
+    model's 4 outputs at each step plus the transition between them (a linear-chain CRF's score)."""
+    transitions = model.get_layer("transitions").matrix
+    pairs = outputs[:, :, None] + transitions[None] + outputs[:, None, :]  # [batch, from, to]
+    log_partition = tf.reduce_logsumexp(tf.reshape(pairs, [-1, 16]), axis=1)
+    classes = tf.cast(targets, tf.int32)
+    gold = tf.gather_nd(pairs, tf.stack([tf.range(tf.shape(classes)[0]), classes, classes], axis=1))
+    return tf.reduce_mean(log_partition - gold)
+
+
+def tagger():
+    inputs = keras.Input((8,), name="query")
+    scores = keras.layers.Dense(4, name="scores")(inputs)
+    model = TaskModel({"query": inputs}, Transitions(name="transitions")(scores))
+    model.track_step_loss(chain_loss, [])
+    model.compile(keras.optimizers.SGD(0.5))
+    return model
+
+
+def test_a_step_loss_trains_a_weight_of_the_model_it_reads_as_one_device_does(strategy, batches):
+    """The step loss reads the transitions from the model it is given: on 8 replicas the gradient
+    reaches that weight (one SGD update moves it) and the update of every weight is one device's,
+    from the same initial weights on the same global batch."""
+    queries = [({"query": features["query"]}, targets) for features, targets in batches[:1]]
+    with one_device().scope():
+        initial = tagger().get_weights()
+    updates = []
+    for side in (one_device(), strategy):
+        _, _, model = parity.train_curve(tagger, side, initial, queries)
+        (matrix,) = [index for index, weight in enumerate(model.weights) if "transitions" in weight.name]
+        updates.append([after - before for after, before in zip(model.get_weights(), initial)])
+    assert np.abs(updates[1][matrix]).max() > 1e-3  # the 8-replica update reached the transitions
+    assert_same_updates(*updates, initial, terms=BATCH)
+
+
 def test_a_step_loss_reports_its_mean_over_the_real_examples(strategy):
     """In evaluation, padding (weight 0) does not count: each replica's step loss is weighted by its real
     examples, so the reported loss is the mean over every real example, and each term is reported."""
 
-    def step_loss(features, targets, outputs, weights):
+    def step_loss(model, features, targets, outputs, weights):
         values, weights = tf.reduce_mean(features["query"], axis=1), tf.cast(weights, tf.float32)
         return {
             "loss": tf.math.divide_no_nan(tf.reduce_sum(values * weights), tf.reduce_sum(weights)),
@@ -130,7 +177,9 @@ def test_a_step_loss_with_an_undeclared_term_is_refused_in_one_line(strategy):
     from {{ cookiecutter.package }}.core.errors import UserError
 
     with strategy.scope():
-        model = two_tower(lambda f, t, outputs, weights: {"loss": tf.reduce_mean(outputs["query"]), "extra": 1.0})()
+        model = two_tower(
+            lambda model, f, t, outputs, weights: {"loss": tf.reduce_mean(outputs["query"]), "extra": 1.0}
+        )()
     features = {name: np.ones((16, 8), "float32") for name in ("query", "document")}
     with pytest.raises(UserError, match=r"entries named in the task's loss_terms .*add the other names to loss_terms"):
         model.fit(features, np.zeros(16, "int32"), batch_size=16, epochs=1, verbose=0)

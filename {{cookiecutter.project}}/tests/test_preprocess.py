@@ -21,7 +21,8 @@ from conftest import DATA_OVERRIDES, PROJECT, SAMPLE_BROKEN, run_preprocess
 from {{ cookiecutter.package }}.core import input_pipeline, run_dir, topology
 from {{ cookiecutter.package }} import preprocess, tasks
 from {{ cookiecutter.package }}.core import preprocessing
-from {{ cookiecutter.package }}.core.task import RawExample
+from {{ cookiecutter.package }}.core.task import Listing, RawExample, RawRejection
+from {{ cookiecutter.package }}.tasks.classification import ClassificationTask
 
 MB = 2**20
 # Small examples and a few shards keep each run to a second or two.
@@ -218,9 +219,9 @@ def test_runs_are_deterministic(raw_dir, reference, tmp_path):
 
 
 class RecordingFit:
-    """The project's task, unchanged but for `fit`: it needs one, and writes what it was given to a
-    file (Beam may run it in another thread or a copy of the task). A task without a fit of its own
-    sees at most 5 payloads; one with a fit keeps its own `fit_sample_size`."""
+    """The project's task, unchanged but for `fit_encoding`: it needs one, and writes what it was given
+    to a file (Beam may run it in another thread or a copy of the task). A task without a fit of its
+    own sees at most 5 payloads; one with a fit keeps its own `encoding_sample_size`."""
 
     def __init__(self, task, record: Path):
         self.task, self.record = task, record
@@ -230,27 +231,27 @@ class RecordingFit:
             raise AttributeError(name)
         return getattr(self.task, name)
 
-    needs_fit = True  # a stand-in, not a Task subclass: it cannot derive this from overriding `fit`
+    needs_encoding_fit = True  # a stand-in, not a Task subclass: it cannot derive this from an override
 
-    def fit_sample_size(self, data_config) -> int:
-        return self.task.fit_sample_size(data_config) if self.task.needs_fit else 5
+    def encoding_sample_size(self, data_config) -> int:
+        return self.task.encoding_sample_size(data_config) if self.task.needs_encoding_fit else 5
 
-    def fit(self, train_payloads, data_config, workdir):
+    def fit_encoding(self, train_payloads, data_config, workdir):
         import pickle
 
         self.record.write_bytes(pickle.dumps(list(train_payloads)))
-        return self.task.fit(train_payloads, data_config, workdir) if self.task.needs_fit else {}
+        return self.task.fit_encoding(train_payloads, data_config, workdir) if self.task.needs_encoding_fit else {}
 
 
-def test_the_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path, monkeypatch):
+def test_the_encoding_fit_sees_only_a_bounded_sample_of_the_train_split(raw_dir, tmp_path, monkeypatch):
     """What preprocessing learns from the data (a tokenizer) comes from train examples only, and
-    from as many of them as the config bounds the task's sample to (Testing.fit_sample, e.g.
+    from as many of them as the config bounds the task's sample to (Testing.encoding_sample, e.g.
     data.tokenizer_sample=5), the same ones on every run."""
     import pickle
 
     task = tasks.load(tasks.DEFAULT)
-    bound = task.testing().fit_sample if task.needs_fit else ""
-    assert bound or not task.needs_fit, f"{task.name}: a task with a fit declares Testing.fit_sample"
+    bound = task.testing().encoding_sample if task.needs_encoding_fit else ""
+    assert bound or not task.needs_encoding_fit, f"{task.name}: a task with fit_encoding sets Testing.encoding_sample"
     by_split = {"train": [], "eval": []}
     for relative in task.list_raw(str(raw_dir)).units:
         for example in task.read_raw(relative, (raw_dir / relative).read_bytes()):
@@ -286,8 +287,150 @@ def test_shards_are_not_runs_of_one_label(reference):
         assert repeats < 2.0 / manifest["num_classes"], (path, repeats)
 
 
-if not tasks.load(tasks.DEFAULT).categorical_targets:  # no labels, no runs of one: the task tests its own order
+if not isinstance(tasks.load(tasks.DEFAULT), ClassificationTask):  # no labels, no runs of one: its own tests check
     del test_shards_are_not_runs_of_one_label
+
+
+# ----------------------------------------------------------------------------- vocabularies
+
+
+class TaggedLines:
+    """A tagger's data path as a task writes it (the members preprocessing calls): each line of a
+    RAW/*.tags file is a sentence, its domain, a tab and `word/TAG` pairs (`news<TAB>Ann/B-PER
+    smiled/O`). Its vocabularies are the tags, one per token, and the domain; `encode` writes what it
+    was handed into the record, so the shards show what preprocessing gave it."""
+
+    name = "tagged_lines"
+    reject_reasons = {"no_tags": "a line without word/TAG pairs"}
+    needs_encoding_fit = False
+
+    def list_raw(self, input_root: str) -> Listing:
+        return Listing(sorted(path.name for path in Path(input_root).glob("*.tags")))
+
+    def read_raw(self, relative: str, raw_bytes: bytes):
+        for number, line in enumerate(raw_bytes.decode().splitlines(), 1):
+            domain, _, text = line.partition("\t")
+            pairs = [token.rpartition("/")[::2] for token in text.split()]
+            if not pairs or not all(word and tag for word, tag in pairs):
+                yield RawRejection(f"{relative}:{number}", "no_tags", line)
+                continue
+            words, tags = zip(*pairs)
+            yield RawExample(f"{relative}:{number}", list(tags), {"words": list(words), "domain": domain})
+
+    def vocabularies(self, example: RawExample) -> dict:
+        return {"tags": example.target, "domain": [example.payload["domain"]]}
+
+    def encode(self, example: RawExample, data_config, vocabularies: dict, artifacts: dict):
+        record = {
+            "source": example.source,
+            "tag_ids": [vocabularies["tags"].index(tag) for tag in example.target],
+            "domain_id": vocabularies["domain"].index(example.payload["domain"]),
+            "vocabularies": vocabularies,
+        }
+        return json.dumps(record).encode(), {"tokens": len(example.target)}
+
+    def pack(self, split: str, records, data_config):
+        return list(records), {}
+
+    def bytes_per_example(self, data_config) -> int:
+        return 200
+
+    def feature_spec(self, data_config) -> dict:
+        return {"version": 1, "record": "json"}
+
+    def manifest_fields(self, stats: dict, data_config, artifacts: dict, vocabularies: dict) -> dict:
+        return {"tokens": stats["tokens"], "tag_names": vocabularies["tags"]}
+
+
+def test_each_vocabulary_is_counted_over_the_whole_input_and_handed_to_encode(tmp_path):
+    """A tagger's examples hold several names each (a tag per token) and a second field (a domain):
+    the manifest counts every name of each field over train and eval (a tag seen only in eval, a
+    domain only in train), names sorted; `encode` and `manifest_fields` get each field's sorted
+    names, and a name's index there is what `encode` wrote. Counted here from the sentences written,
+    on the real pipeline (FnApiRunner)."""
+    import random
+    from collections import Counter
+
+    import apache_beam as beam
+    import tensorflow as tf
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from {{ cookiecutter.package }}.core import config as config_lib
+
+    eval_fraction, rng = 0.3, random.Random(5)
+    raw, output = tmp_path / "raw", tmp_path / "out"
+    raw.mkdir()
+    sentences = {}  # source -> (domain, [(word, tag), ...])
+    for name in ("a.tags", "b.tags", "c.tags"):
+        for number in range(1, 13):
+            tags = [rng.choice(["O", "O", "O", "B-PER", "I-PER", "B-LOC"]) for _ in range(rng.randint(1, 6))]
+            pairs = [(f"w{index}", tag) for index, tag in enumerate(tags)]
+            sentences[f"{name}:{number}"] = (rng.choice(["news", "tweets"]), pairs)
+    splits = {source: preprocessing.split_of(source, eval_fraction) for source in sentences}
+    only_eval = next(source for source in sorted(sentences) if splits[source] == "eval")
+    only_train = next(source for source in sorted(sentences) if splits[source] == "train")
+    sentences[only_eval][1].append(("Oslo", "B-CITY"))
+    sentences[only_train] = ("forum", sentences[only_train][1])
+    for name in ("a.tags", "b.tags", "c.tags"):
+        lines = [
+            f"{domain}\t{' '.join(f'{word}/{tag}' for word, tag in pairs)}"
+            for source, (domain, pairs) in sentences.items()
+            if source.startswith(f"{name}:")
+        ]
+        (raw / name).write_text("\n".join([*lines, "news\tno-tag-here"]) + "\n")  # the last line is rejected
+
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
+    data = config_lib.DataConfig(eval_fraction=eval_fraction)
+    preprocessing.build_pipeline(pipeline, str(raw), str(output), TaggedLines(), data, num_shards=2)
+    pipeline.run().wait_until_finish()
+    manifest = json.loads((output / "manifest.json").read_text())
+
+    tags = Counter(tag for _, pairs in sentences.values() for _, tag in pairs)
+    domains = Counter(domain for domain, _ in sentences.values())
+    assert tags["B-CITY"] == 1 and domains["forum"] == 1
+    assert manifest["vocabularies"] == {"domain": dict(domains), "tags": dict(tags)}
+    for field, counts in manifest["vocabularies"].items():  # written in sorted order
+        assert list(counts) == sorted(counts), field
+    names = {"domain": sorted(domains), "tags": sorted(tags)}
+    assert manifest["tag_names"] == names["tags"] and manifest["tokens"] == sum(tags.values())
+    assert manifest["rejected"]["count"] == 3
+
+    records = [
+        json.loads(record.numpy())
+        for split in ("train", "eval")
+        for record in tf.data.TFRecordDataset([str(output / file) for file in manifest["splits"][split]["files"]])
+    ]
+    assert sorted(record["source"] for record in records) == sorted(sentences)
+    for record in records:
+        domain, pairs = sentences[record["source"]]
+        assert record["vocabularies"] == names
+        assert [names["tags"][index] for index in record["tag_ids"]] == [tag for _, tag in pairs]
+        assert names["domain"][record["domain_id"]] == domain
+
+
+def test_a_category_name_that_is_not_a_string_is_refused():
+    """A task whose `vocabularies` gives a number (a tag id, a class index) stops preprocessing in one
+    line naming the task, the field, the example and what a name must be."""
+
+    class Numbered(TaggedLines):
+        def vocabularies(self, example):
+            return {"tags": [0 for _ in example.target]}
+
+    example = RawExample("a.tags:3", ["O"], {"words": ["x"], "domain": "news"})
+    assert list(preprocessing.vocabulary_entries(TaggedLines(), example)) == [("tags", "O"), ("domain", "news")]
+    with pytest.raises(TypeError) as raised:
+        list(preprocessing.vocabulary_entries(Numbered(), example))
+    message = str(raised.value)
+    assert "\n" not in message and all(part in message for part in ("tagged_lines", "'tags'", "a.tags:3", "strings"))
+
+
+def test_the_start_line_names_the_input_it_reads(raw_dir, tmp_path, capsys):
+    """`make preprocess RAW=...` reads --input, which need not be the config's data.raw: the first
+    line names the folder read, never the config's."""
+    run_preprocess(raw_dir, tmp_path / "out", *ARGS, "data.raw=/elsewhere/raw")
+    printed = capsys.readouterr().out
+    assert re.match(rf"\d+ input files in {re.escape(str(raw_dir))} \(", printed), printed
+    assert "/elsewhere/raw" not in printed
 
 
 def test_gcs_in_and_out(gcs_bucket, gcs_raw, reference):

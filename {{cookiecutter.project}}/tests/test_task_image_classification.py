@@ -268,9 +268,9 @@ def test_predict_sees_what_evaluation_sees(tmp_path, encoding):
     assert manifest["splits"]["eval"]["num_examples"] == 3
     images, labels = read_split(output, manifest, "eval")
     paths = [str(raw / label / name) for label, name in (("a", "wide.png"), ("b", "tall.png"), ("c", "small.png"))]
-    names, predicted = TASK.predict_inputs(paths, str(tmp_path / "export"), manifest)
+    names, predicted = TASK.predict_inputs(paths, manifest, str(tmp_path / "export"))
     assert names == paths and predicted.shape == (3, 12, 12, 3)
-    np.testing.assert_array_equal(TASK.predict_inputs(paths, str(tmp_path / "export"), manifest)[1], predicted)
+    np.testing.assert_array_equal(TASK.predict_inputs(paths, manifest, str(tmp_path / "export"))[1], predicted)
     for image, label in zip(images, labels):
         np.testing.assert_array_equal(image, predicted["abc".index(label)])
 
@@ -565,5 +565,5 @@ def test_the_baselines_are_the_majority_class_and_a_linear_model_of_the_pixels()
 
     train = [images([0, 0, 1, 0, 1]), images([0, 1, 0, 0, 1])]
     evaluation = [images([1, 1, 0, 1])]
-    found = TASK.baselines(iter(train), iter(evaluation), {"num_classes": 2})
+    found = TASK.score_baselines(iter(train), iter(evaluation), {"num_classes": 2})
     assert found == {"majority": 0.25, "linear-8x8-pixels": 1.0}

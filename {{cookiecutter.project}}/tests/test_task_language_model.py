@@ -341,7 +341,7 @@ def test_greedy_generation_picks_the_argmax_of_the_exported_model(lm_run, sample
     seq_len, vocab_size, count = manifest["seq_len"], manifest["vocab_size"], cfg.predict.max_new_tokens
     assert cfg.predict.temperature == 0
     inputs = TASK.testing().predict_inputs(raw, tmp_path)
-    _, batch = TASK.predict_inputs(inputs, export_dir, manifest)
+    _, batch = TASK.predict_inputs(inputs, manifest, export_dir)
     text_prompts = [ids[:length] for ids, length in zip(batch["ids"].tolist(), batch["lengths"].tolist())]
     text_tokens = served_tokens(serve, text_prompts, seq_len)  # the batch predict serves
     prompts = eval_prompts(data, manifest)
@@ -399,7 +399,7 @@ def test_the_shipped_decoding_does_not_repeat_one_token(lm_run, sample):
     model = model_lib.build_model(cfg, TASK, manifest)
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(output / "checkpoints"))).expect_partial()
     keys = LanguageModelPredictConfig(max_new_tokens=24, temperature=shipped.temperature, top_k=shipped.top_k)
-    serve = TASK.serving_signature(model, manifest, keys, TASK.objective_config())
+    serve = TASK.build_serving_signature(model, keys, TASK.objective_config(), manifest)
     tokens = served_tokens(serve, eval_prompts(data, manifest), manifest["seq_len"])
     shares = [len(set(row)) / len(row) for row in tokens]
     assert min(shares) >= 0.5, (shares, tokens)
@@ -414,7 +414,9 @@ NEW_TOKENS = 8
 def tiny_sampler(model, **settings):
     """The serving function the export of `model` would have with these `predict.*` keys: prompts -> tokens."""
     keys = LanguageModelPredictConfig(max_new_tokens=NEW_TOKENS, **settings)
-    serve = TASK.serving_signature(model, {"seq_len": SEQ_LEN, "vocab_size": VOCAB}, keys, TASK.objective_config())
+    serve = TASK.build_serving_signature(
+        model, keys, TASK.objective_config(), {"seq_len": SEQ_LEN, "vocab_size": VOCAB}
+    )
     return lambda prompts: served_tokens(serve, prompts, SEQ_LEN)
 
 
@@ -630,7 +632,7 @@ def test_the_bigram_baseline_is_witten_bell_over_the_unigram():
     vocab = 12
     train = [3, 4, 5, 6] * 20 + rng.integers(3, vocab, size=40).tolist()
     evaluation = [3, 4, 5, 6, 3, 4, 11, 5, 6, 3]
-    found = TASK.baselines(_windows(train), _windows(evaluation), {"vocab_size": vocab})
+    found = TASK.score_baselines(_windows(train), _windows(evaluation), {"vocab_size": vocab})
 
     pairs = Counter(zip(train[:-1], train[1:]))
     unigram = Counter(train[1:])

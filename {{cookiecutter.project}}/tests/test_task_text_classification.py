@@ -51,12 +51,13 @@ def fitted(small_raw) -> tuple[ClassifierDataConfig, dict, list[RawExample], lis
     """(data config, artifacts, examples, label names) after fitting the tokenizer on the small sample."""
     data_config = ClassifierDataConfig(seq_len=SEQ_LEN, vocab_size=1000)
     examples, _ = read_all(small_raw)
-    artifacts = TASK.fit([example.payload for example in examples], data_config, str(small_raw))
+    artifacts = TASK.fit_encoding([example.payload for example in examples], data_config, str(small_raw))
     return data_config, artifacts, examples, sorted({example.target for example in examples})
 
 
 def manifest_for(data_config: ClassifierDataConfig, artifacts: dict, num_classes: int = 5) -> dict:
-    return TASK.manifest_fields(data_config, artifacts, {}, [f"topic{index}" for index in range(num_classes)])
+    names = [f"topic{index}" for index in range(num_classes)]
+    return TASK.manifest_fields({}, data_config, artifacts, {"label": names})
 
 
 @pytest.fixture
@@ -163,7 +164,7 @@ def test_list_raw_without_texts_says_what_to_do(tmp_path):
 def test_tokenizer_fit_is_deterministic(fitted):
     data_config, artifacts, examples, _ = fitted
     texts = [example.payload for example in examples]
-    again = TASK.fit(list(reversed(texts)), data_config, "unused")  # order must not matter
+    again = TASK.fit_encoding(list(reversed(texts)), data_config, "unused")  # order must not matter
     assert again[tokenizer.MODEL_FILE] == artifacts[tokenizer.MODEL_FILE]
     manifest = manifest_for(data_config, artifacts)
     assert 0 < manifest["vocab_size"] <= data_config.vocab_size
@@ -171,7 +172,7 @@ def test_tokenizer_fit_is_deterministic(fitted):
     pieces = tokenizer.processor(artifacts[tokenizer.MODEL_FILE])
     assert (pieces.IdToPiece(0), pieces.unk_id(), pieces.bos_id(), pieces.eos_id()) == ("<pad>", 1, -1, -1)
     with pytest.raises(UserError, match="raise data.vocab_size"):  # fewer pieces than distinct characters
-        TASK.fit(texts, ClassifierDataConfig(vocab_size=10), "unused")
+        TASK.fit_encoding(texts, ClassifierDataConfig(vocab_size=10), "unused")
 
 
 def test_encode_parse_round_trip_pads_and_truncates(fitted):
@@ -180,8 +181,8 @@ def test_encode_parse_round_trip_pads_and_truncates(fitted):
     data_config, artifacts, _, _ = fitted
     short = RawExample("a/1.txt", "a", "The chef baked bread.")
     long = RawExample("b/2.txt", "b", "The team scored a goal after halftime. " * 10)
-    categories = ["x", "b", "y", "a"]
-    records, stats = zip(*(TASK.encode(example, categories, data_config, artifacts) for example in (short, long)))
+    vocabularies = {"label": ["x", "b", "y", "a"]}
+    records, stats = zip(*(TASK.encode(example, data_config, vocabularies, artifacts) for example in (short, long)))
     full_long = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], long.payload)
     full_short = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], short.payload)
     assert len(full_long) > SEQ_LEN > len(full_short) > 0
@@ -213,7 +214,8 @@ def test_encode_parse_round_trip_pads_and_truncates(fitted):
 def test_encode_rejects_text_without_tokens(fitted):
     data_config, artifacts, _, _ = fitted
     with pytest.raises(Rejected) as raised:
-        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), ["a"], data_config, artifacts)  # a zero-width space only
+        # A zero-width space only.
+        TASK.encode(RawExample("a/1.txt", "a", "\u200b"), data_config, {"label": ["a"]}, artifacts)
     assert raised.value.reason == "empty"
 
 
@@ -221,7 +223,7 @@ def test_manifest_length_statistics(fitted):
     data_config, artifacts, _, _ = fitted
     # Texts of 8, 12, 20 and 40 pieces in windows of 16: the last two cut to 16 of 20 and 16 of 40.
     stats = {"examples": 4, "tokens": 80, "truncated": 2, "kept_tokens": 52, "kept_share": 1 + 1 + 0.8 + 0.4}
-    fields = TASK.manifest_fields(data_config, artifacts, stats, ["a", "b"])
+    fields = TASK.manifest_fields(stats, data_config, artifacts, {"label": ["a", "b"]})
     assert (fields["label_names"], fields["num_classes"]) == (["a", "b"], 2)
     assert fields["seq_len"] == SEQ_LEN and fields["tokenizer"]["file"] == tokenizer.MODEL_FILE
     assert fields["truncation"] == "head"
@@ -245,9 +247,9 @@ def test_the_window_coverage_is_counted_text_by_text(fitted):
     assert lengths[0] <= SEQ_LEN < lengths[1] < lengths[2]
     total = {}
     for index, text in enumerate(texts):
-        _, stats = TASK.encode(RawExample(f"a/{index}.txt", "a", text), ["a"], data_config, artifacts)
+        _, stats = TASK.encode(RawExample(f"a/{index}.txt", "a", text), data_config, {"label": ["a"]}, artifacts)
         total = {key: total.get(key, 0) + value for key, value in stats.items()}
-    fields = TASK.manifest_fields(data_config, artifacts, total, ["a"])
+    fields = TASK.manifest_fields(total, data_config, artifacts, {"label": ["a"]})
     kept = (1 + SEQ_LEN / lengths[1] + SEQ_LEN / lengths[2]) / 3
     assert fields["length_stats"]["share_truncated"] == round(2 / 3, 4)
     assert fields["length_stats"]["mean_kept"] == round(kept, 4)
@@ -297,7 +299,7 @@ def test_model_gives_float32_logits_under_mixed_bfloat16(fitted, bfloat16_policy
     logits = model(ids, training=False)
     assert logits.dtype == tf.float32 and logits.shape == (4, 5)
     assert np.isfinite(logits.numpy()).all()
-    outputs = TASK.serving_signature(model, manifest, TASK.predict_config(), TASK.objective_config())(ids)
+    outputs = TASK.build_serving_signature(model, TASK.predict_config(), TASK.objective_config(), manifest)(ids)
     assert outputs["class"].dtype == tf.int32 and outputs["class"].shape == (4,)
     np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
 
@@ -335,15 +337,15 @@ def test_predict_inputs_tokenizes_each_line(fitted, tmp_path):
     texts = tmp_path / "texts.txt"
     long_line = "The team scored a goal after halftime. " * 3
     texts.write_text(f"The chef baked bread.\n\n  \n{long_line}\n")
-    names, ids = TASK.predict_inputs([str(texts)], str(export), manifest)
+    names, ids = TASK.predict_inputs([str(texts)], manifest, str(export))
     assert names == ["texts.txt:1 The chef baked bread.", f"texts.txt:4 {long_line[:40]}"]
     assert ids.shape == (len(names), SEQ_LEN) and ids.dtype == np.int32
     assert ids[0].tolist()[:4] == tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], "The chef baked bread.")[:4]
     with pytest.raises(UserError, match="does not exist"):
-        TASK.predict_inputs([str(tmp_path / "missing.txt")], str(export), manifest)
+        TASK.predict_inputs([str(tmp_path / "missing.txt")], manifest, str(export))
     (tmp_path / "blank.txt").write_text("\n \n")
     with pytest.raises(UserError, match="no text"):
-        TASK.predict_inputs([str(tmp_path / "blank.txt")], str(export), manifest)
+        TASK.predict_inputs([str(tmp_path / "blank.txt")], manifest, str(export))
 
 
 @pytest.mark.slow
@@ -361,12 +363,12 @@ def test_sample_data_is_learnable(tmp_path):
     data_config = ClassifierDataConfig(seq_len=64)
     train = [example for example in examples if not is_eval(example.source)]
     held_out = [example for example in examples if is_eval(example.source)]
-    artifacts = TASK.fit([example.payload for example in train], data_config, str(tmp_path))
+    artifacts = TASK.fit_encoding([example.payload for example in train], data_config, str(tmp_path))
     manifest = manifest_for(data_config, artifacts, len(labels))
 
     def batch(subset):
         return TASK.parse_batch(
-            tf.constant([TASK.encode(example, labels, data_config, artifacts)[0] for example in subset]),
+            tf.constant([TASK.encode(example, data_config, {"label": labels}, artifacts)[0] for example in subset]),
             manifest,
         )
 
@@ -470,7 +472,7 @@ def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
         (export / "assets.extra" / name).write_bytes(content)
     lines = tmp_path / "eval.txt"
     lines.write_text("".join(" ".join(text.split()) + "\n" for text in texts))
-    _, predicted = TASK.predict_inputs([str(lines)], str(export), manifest)
+    _, predicted = TASK.predict_inputs([str(lines)], manifest, str(export))
     assert Counter(tuple(row) for row in predicted.tolist()) == evaluated
 
 
@@ -499,7 +501,7 @@ def test_the_baselines_read_the_whole_text(fitted):
 
     def record(label: str, index: int) -> bytes:
         example = RawExample(f"{label}/{index}.txt", label, text(label, index))
-        return TASK.encode(example, categories, data_config, artifacts)[0]
+        return TASK.encode(example, data_config, {"label": categories}, artifacts)[0]
 
     train = [record(label, index) for index in range(4) for label in categories]
     evaluation = [record(label, index) for index in (5, 6) for label in categories]
@@ -511,7 +513,7 @@ def test_the_baselines_read_the_whole_text(fitted):
     whole = tokenizer.tokenize(model_bytes, text("bake", 5))
     assert counts.shape == (1, manifest["vocab_size"]) and counts.sum() == len(whole) and labels.tolist() == [0]
     assert counts[0, whole].tolist() == [whole.count(piece) for piece in whole]
-    found = TASK.baselines(_baseline_batches(train, manifest), _baseline_batches(evaluation, manifest), manifest)
+    found = TASK.score_baselines(_baseline_batches(train, manifest), _baseline_batches(evaluation, manifest), manifest)
     assert found == {"majority": 0.5, "bag-of-words": 1.0}
 
 
@@ -532,15 +534,15 @@ def test_head_tail_keeps_both_ends_in_the_records_and_in_predict(fitted, tmp_pat
     text = "The opening line. " + "The team scored a goal after halftime. " * 6 + "Signed, the editor."
     ids = tokenizer.tokenize(artifacts[tokenizer.MODEL_FILE], text)
     half = SEQ_LEN // 2
-    record, stats = TASK.encode(RawExample("a/1.txt", "a", text), ["a"], both_ends, artifacts)
-    manifest = TASK.manifest_fields(both_ends, artifacts, stats, ["a"])
+    record, stats = TASK.encode(RawExample("a/1.txt", "a", text), both_ends, {"label": ["a"]}, artifacts)
+    manifest = TASK.manifest_fields(stats, both_ends, artifacts, {"label": ["a"]})
     assert manifest["truncation"] == "head_tail"
     rows, _ = TASK.parse_batch(tf.constant([record]), manifest)
     assert rows.numpy()[0].tolist() == ids[:half] + ids[-half:]
     (tmp_path / "export" / "assets.extra").mkdir(parents=True)
     (tmp_path / "export" / "assets.extra" / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
     (tmp_path / "texts.txt").write_text(text + "\n")
-    _, predicted = TASK.predict_inputs([str(tmp_path / "texts.txt")], str(tmp_path / "export"), manifest)
+    _, predicted = TASK.predict_inputs([str(tmp_path / "texts.txt")], manifest, str(tmp_path / "export"))
     assert predicted[0].tolist() == rows.numpy()[0].tolist()
     (tmp_path / tokenizer.MODEL_FILE).write_bytes(artifacts[tokenizer.MODEL_FILE])
     with pytest.raises(UserError, match="data.truncation=head_tail"):

@@ -385,7 +385,7 @@ def test_a_cpu_run_reads_the_host_peak_of_its_own_precision(tmp_path):
 
 
 def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
-    """Two towers trained with an in-batch softmax (a step_loss whose [B, B] similarity is a matrix
+    """Two towers trained with an in-batch softmax (a step loss whose [B, B] similarity is a matrix
     multiply): the step's model FLOPs are the towers' alone, as utilisation.flops_per_step says."""
     import tensorflow as tf
 
@@ -394,7 +394,7 @@ def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
     from {{ cookiecutter.package }}.core.keras import keras
     from {{ cookiecutter.package }}.core.model import TaskModel
 
-    def in_batch(features, targets, outputs, weights):
+    def in_batch(model, features, targets, outputs, weights):
         logits = tf.matmul(outputs["query"], outputs["document"], transpose_b=True)
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(tf.range(tf.shape(logits)[0]), logits))
 

@@ -191,16 +191,16 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
     from {{ cookiecutter.package }}.core.model import objective_metrics
 
     task = tasks.load(tasks.DEFAULT)
-    own = task.metrics
+    own = task.build_metrics
 
-    def metrics(objective_config, manifest):
+    def build_metrics(objective_config, manifest):
         return [
             *own(objective_config, manifest),
             one_hot_metric(keras.metrics.F1Score)(average="macro", name="f1"),
             one_hot_metric(keras.metrics.AUC)(name="auc"),
         ]
 
-    monkeypatch.setattr(task, "metrics", metrics)
+    monkeypatch.setattr(task, "build_metrics", build_metrics)
     cfg = tiny_config(
         data_dir,
         tmp_path,
@@ -219,8 +219,10 @@ def test_keras_f1_and_auc_report_under_bfloat16_on_8_replicas(data_dir, tmp_path
 
     with precision.policy("mixed_bfloat16"):
         made_outside = keras.metrics.AUC(name="auc_bf16")
-    monkeypatch.setattr(task, "metrics", lambda objective, manifest: [*own(objective, manifest), made_outside])
-    with pytest.raises(UserError, match="the task's metric auc_bf16 uses the mixed_bfloat16 policy .*Task.metrics"):
+    monkeypatch.setattr(task, "build_metrics", lambda objective, manifest: [*own(objective, manifest), made_outside])
+    with pytest.raises(
+        UserError, match="the task's metric auc_bf16 uses the mixed_bfloat16 policy .*Task.build_metrics"
+    ):
         objective_metrics(cfg, task, json.loads((data_dir / "manifest.json").read_text()))
 
 
@@ -286,9 +288,9 @@ def test_early_stop_on_the_headline_metric_ends_the_run_and_a_rerun_trains_no_fu
     )
     from {{ cookiecutter.package }}.core.keras import keras
 
-    seen = {}  # a callback of the task's own (Task.callbacks) sees each evaluation in Keras' logs
+    seen = {}  # a callback of the task's own (Task.build_callbacks) sees each evaluation in Keras' logs
     recorder = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.update({batch: dict(logs)}))
-    monkeypatch.setattr(task, "callbacks", lambda cfg, output_dir: [recorder])
+    monkeypatch.setattr(task, "build_callbacks", lambda cfg, output_dir: [recorder])
     metrics = trainer.train(cfg, task)
     printed = capsys.readouterr().out
     evaluated = [logs for logs in seen.values() if f"eval_{task.headline_metric}" in logs]

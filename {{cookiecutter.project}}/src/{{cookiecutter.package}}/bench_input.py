@@ -337,11 +337,15 @@ def trainer_over_bare(cfg, task, resolved, manifest: dict, rounds: int) -> dict:
                 flush=True,
             )
     ratio = statistics.median(trainer_rates) / statistics.median(bare_rates)
-    mfu = last.get("model_flops_utilization")
+    mfu, tflops = last.get("model_flops_utilization"), last.get("tflops_per_chip")
     print(
         f"trainer/bare: {ratio:.3f} (goal >= 0.97) over {cfg.train.total_steps} steps at spe {spe}, "
         f"{cfg.runtime.mixed_precision}, {resolved.replicas} replicas; the trainer at "
-        f"{last.get('tflops_per_chip', float('nan')):.3f} TFLOP/s per chip"
+        + (
+            f"{tflops:.3f} TFLOP/s per chip"
+            if tflops is not None
+            else f"model FLOPs unknown ({last.get('model_flops_unknown')})"
+        )
         + (f", MFU {mfu:.1%}" if mfu is not None else ""),
         flush=True,
     )

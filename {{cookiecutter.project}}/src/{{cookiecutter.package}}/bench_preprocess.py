@@ -2,9 +2,9 @@
 
     python -m {{ cookiecutter.package }}.bench_preprocess --input data/raw --config configs/local.yaml [key=value ...]
 
-Both do the same work with the same functions (the task's `read_raw`, `fit` and `encode`,
-`preprocessing.write_tfrecords`) and write the same shards, each to its own temporary folder; a
-raw input the task rejects is skipped by both, as preprocessing does:
+Both do the same work with the same functions (the task's `read_raw`, `vocabularies`,
+`fit_encoding` and `encode`, `preprocessing.write_tfrecords`) and write the same shards, each to its
+own temporary folder; a raw input the task rejects is skipped by both, as preprocessing does:
 
 - beam: `preprocessing.run` on the in-process FnApiRunner with one worker (what `make preprocess`
   runs locally), listing and the final rename and manifest included;
@@ -76,19 +76,21 @@ def plain_loop(input_root: str, output: str, task, data, num_shards: int, compre
     """The same work as the pipeline (the task's `pack` included), in one process; returns the number
     of records written."""
     examples = read_all(input_root, task, data.eval_fraction)
-    categories = preprocessing.categories_of(task, (example for _, example in examples))
+    vocabularies = preprocessing.vocabulary_names(
+        preprocessing.count_vocabularies(task, (example for _, example in examples))
+    )
     artifacts = {}
-    if task.needs_fit:
+    if task.needs_encoding_fit:
         keyed = sorted(
             (preprocessing._hash_unit(example.source, b"fit:"), example.payload)
             for split, example in examples
             if split == "train"
         )
-        artifacts = preprocessing.fit_artifacts(keyed[: task.fit_sample_size(data)], task, data, output)
+        artifacts = preprocessing.fit_artifacts(keyed[: task.encoding_sample_size(data)], task, data, output)
     by_shard = defaultdict(list)
     for split, example in examples:
         try:
-            record, _ = task.encode(example, categories, data, artifacts)
+            record, _ = task.encode(example, data, vocabularies, artifacts)
         except Rejected:  # rejected, as in the pipeline
             continue
         by_shard[(split, preprocessing.shard_of(example.source, num_shards))].append(
@@ -106,9 +108,11 @@ def plain_loop(input_root: str, output: str, task, data, num_shards: int, compre
 def warm_up(input_root: str, task, data) -> None:
     """Imports and first-use costs (TensorFlow's protos, decoders) paid before timing, on the
     first example the task accepts: a rejected one is skipped, as preprocessing does."""
-    for _, example in read_all(input_root, task, data.eval_fraction)[:50]:
+    examples = [example for _, example in read_all(input_root, task, data.eval_fraction)[:50]]
+    vocabularies = preprocessing.vocabulary_names(preprocessing.count_vocabularies(task, examples))
+    for example in examples:
         try:
-            task.encode(example, 0, data, {})
+            task.encode(example, data, vocabularies, {})
             return
         except Rejected:
             continue

@@ -4,12 +4,21 @@
 
 The Cloud TPU troubleshooting guide's check for an accuracy drop on many cores: the same initial
 weights train the same `--steps` global batches (read once from the train split) on one device and
-on every replica of the run's strategy, in float32 with dropout off (its random masks differ per
-device), and the losses are compared step by step. It prints where they part and why:
+on every replica of the run's strategy, in float32 with dropout and Keras' noise layers off (their
+random numbers differ per device), and the losses are compared step by step.
+
+The comparison means something only if the one-device run repeats itself: parity trains the same
+steps again on the same model, from the same weights and optimizer state (the same traced step, whose
+random generators carry on). A deterministic model repeats its losses to float32 rounding (`ROUNDING`);
+one that draws random numbers in training that parity cannot switch off (a noise layer of the task's
+own that is no Keras Dropout, sampling in the loss) does not, and its two curves differ by chance as
+well: parity then names the layers whose traced step draws random numbers, says how to switch them
+off, gives no verdict on the replicas and exits with 1. Otherwise it prints where the curves part and
+why:
 
 - the same weights give another loss on the same batch in inference mode: the objective depends on
   how the batch is split (a batch-level loss, e.g. in-batch negatives, computed on each replica's
-  share; gather it in the task's `step_loss`);
+  share; gather it in the task's step loss, `build_step_loss`);
 - they agree in inference mode but not in training mode: the model normalises over each replica's
   share of the batch (BatchNormalization that is not synchronised);
 - they agree at first and drift apart: the optimizer amplifies summation-order differences beyond
@@ -17,9 +26,9 @@ device), and the losses are compared step by step. It prints where they part and
 
 and, separately, how far the run's own precision (mixed bfloat16) moves the one-device loss. It exits
 with 0 when the curves agree, or part only by unsynchronised BatchNormalization (a choice: per-replica
-statistics are the usual practice with a large per-replica batch); with 1 for any other cause. Gradient
-accumulation is left out (1 micro-batch): what differs between 1 and N replicas is the split of each
-batch, which it does not change.
+statistics are the usual practice with a large per-replica batch); with 1 for random numbers in
+training or any other cause. Gradient accumulation is left out (1 micro-batch): what differs between 1
+and N replicas is the split of each batch, which it does not change.
 """
 
 from __future__ import annotations
@@ -27,18 +36,73 @@ from __future__ import annotations
 import dataclasses
 
 import logging
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from . import tasks
 from .core import config as config_lib
-from .core import distribute, input_pipeline, precision
+from .core import distribute, input_pipeline, precision, recompute
 from .core.errors import UserError, run_cli
 from .core.keras import keras
 from .core.model import build_model, compile_model
+
+# How far a deterministic step may move its loss when run again from the same weights on the same batch.
+# On a CPU or a TPU, not at all: the same traced step repeats bit for bit (each task of this project:
+# 0.0). On a GPU some kernels (atomic adds in reductions and scatters) sum in another order each run,
+# and a sum in another order differs by a few float32 roundings (each at most 2^-24 of the value;
+# epsilon is 2^-23). 4 epsilons (4.8e-7) leaves them that room: even a whole other summation order, one
+# device against 8 replicas, stays within 2e-7 over 6 steps for each task here, while random numbers of
+# any use move a loss by 1e-5 or more (a 10% word dropout on a tagger: 6e-4).
+ROUNDING = 4 * float(np.finfo(np.float32).eps)
+
+# The layers parity knows to draw random numbers in training, and the attribute that switches each off
+# (Dropout's subclasses, e.g. SpatialDropout2D, included).
+NOISE_LAYERS = (
+    (keras.layers.Dropout, "rate"),
+    (keras.layers.GaussianDropout, "rate"),
+    (keras.layers.AlphaDropout, "rate"),
+    (keras.layers.GaussianNoise, "stddev"),
+)
+
+# The ops of a traced step that draw random numbers: stateful random ops (a new draw at every run),
+# the read of a tf.random.Generator's state (RngReadAndSkip, which feeds a stateless op the next
+# numbers) and the candidate samplers of sampled losses.
+RANDOM_OPS = frozenset(
+    {
+        "RandomUniform",
+        "RandomUniformInt",
+        "RandomStandardNormal",
+        "TruncatedNormal",
+        "ParameterizedTruncatedNormal",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomShuffle",
+        "Multinomial",
+        "StatefulUniform",
+        "StatefulUniformInt",
+        "StatefulUniformFullInt",
+        "StatefulStandardNormal",
+        "StatefulStandardNormalV2",
+        "StatefulTruncatedNormal",
+        "StatefulRandomBinomial",
+        "RngReadAndSkip",
+        "RngSkip",
+        "NonDeterministicInts",
+        "SampleDistortedBoundingBox",
+        "SampleDistortedBoundingBoxV2",
+        "UniformCandidateSampler",
+        "LogUniformCandidateSampler",
+        "LearnedUnigramCandidateSampler",
+        "FixedUnigramCandidateSampler",
+        "ThreadUnsafeUnigramCandidateSampler",
+    }
+)
 
 
 @dataclass
@@ -54,10 +118,45 @@ class Curves:
     unsynchronised_norms: list[str] = field(default_factory=list)
     initial: list = field(default_factory=list, repr=False)
     """The initial weights both sides started from."""
+    replayed: list[float] = field(default_factory=list)
+    """The one-device losses of the same steps again, from the same weights and optimizer state."""
+    random_layers: list[str] = field(default_factory=list)
+    """Where the one-device step draws random numbers, 'layer (op types)' each (found when it does)."""
 
     @staticmethod
     def relative(a: float, b: float) -> float:
         return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+    @property
+    def noise(self) -> float:
+        """The largest relative difference between the one-device curve and its replay: 0 for a
+        deterministic step on a CPU or a TPU."""
+        return max((self.relative(a, b) for a, b in zip(self.one_device, self.replayed)), default=0.0)
+
+    @property
+    def draws_random_numbers(self) -> bool:
+        """Whether one device, trained again on the same batches from the same weights, moves its
+        losses by more than float32 rounding."""
+        return self.noise > ROUNDING
+
+    def randomness(self) -> str:
+        """What the replay found, where, and how to make the model comparable."""
+        where = (
+            ", ".join(self.random_layers)
+            if self.random_layers
+            else "no random op under a layer's name in the traced step (look in the task's loss and in layers "
+            "that keep their own random state)"
+        )
+        return (
+            f"random numbers in training: the same {len(self.replayed)} steps again on one device, from the same "
+            f"weights on the same batches, give other losses (up to {self.noise:.1e} apart; float32 rounding stays "
+            f"within {ROUNDING:.1e}), so the one-device and {self.replicas}-replica curves differ by chance too. "
+            f"Drawn in: {where}. Parity sets the rate of every keras.layers.Dropout (its subclasses included), "
+            "GaussianDropout and AlphaDropout, and the stddev of every GaussianNoise, to 0 in both runs; make each "
+            "layer of the model's own that draws a keras.layers.Dropout subclass whose call draws nothing when its "
+            "rate is 0 (Dropout.call returns its inputs then), or make it deterministic. Drawing only when "
+            "`training` is true is not enough: parity compares training steps"
+        )
 
     @property
     def parting_step(self) -> int | None:
@@ -70,7 +169,10 @@ class Curves:
     def causes(self, synchronised: "Curves | None" = None) -> list[str]:
         """Why the curves part, each cause one line (empty when they agree). `synchronised`: the same
         comparison with every BatchNormalization synchronised across replicas, when the model has
-        unsynchronised ones (the experiment that tells whether they are the cause)."""
+        unsynchronised ones (the experiment that tells whether they are the cause). A model that draws
+        random numbers in training has that one cause: its curves differ by chance, whatever else does."""
+        if self.draws_random_numbers:
+            return [self.randomness()]
         step = self.parting_step
         if step is None:
             return []
@@ -80,7 +182,7 @@ class Curves:
                 "per-replica batch-level loss: the same weights give another loss on the same batch in inference "
                 f"mode ({self.one_device_inference:.4f} on one device, {self.replicated_inference:.4f} on "
                 f"{self.replicas} replicas), so the objective depends on how the batch is split; compute it over "
-                "the global batch in the task's step_loss with core.model.gather (see Task.step_loss)"
+                "the global batch in the task's step loss with core.model.gather (see Task.build_step_loss)"
             )
         if self.unsynchronised_norms and synchronised is not None:
             names = ", ".join(self.unsynchronised_norms[:3]) + (", ..." if len(self.unsynchronised_norms) > 3 else "")
@@ -113,6 +215,7 @@ class Curves:
         mode the losses agree, and with the layers synchronised the curves agree."""
         return (
             synchronised is not None
+            and not self.draws_random_numbers
             and synchronised.parting_step is None
             and self.relative(self.one_device_inference, self.replicated_inference) <= self.tolerance
         )
@@ -136,13 +239,49 @@ def single_device(target) -> tf.distribute.Strategy:
 
 
 def dropout_off(model) -> int:
-    """Sets every Dropout layer's rate to 0 (before the step is traced); returns how many had one."""
+    """Switches off every layer of NOISE_LAYERS (before the step is traced): sets its rate, or
+    GaussianNoise's stddev, to 0; returns how many were on."""
     found = 0
     for layer in [model, *model.submodules]:
-        if isinstance(layer, keras.layers.Dropout) and layer.rate:
-            layer.rate = 0.0
-            found += 1
+        for kind, attribute in NOISE_LAYERS:
+            if isinstance(layer, kind) and getattr(layer, attribute):
+                setattr(layer, attribute, 0.0)
+                found += 1
     return found
+
+
+def random_layers(model) -> list[str]:
+    """Where `model`'s traced training step draws random numbers (RANDOM_OPS): 'layer (op types)' for
+    the innermost layer whose name scope holds each such op, or the op's name outside any layer. Left
+    out: the layers `dropout_off` switched off (GaussianNoise still draws, and adds 0 times it), and
+    recomputed blocks, whose draw only seeds their Dropout masks."""
+    layers = [layer for layer in [model, *model.submodules] if isinstance(layer, keras.layers.Layer)]
+    names = {layer.name for layer in layers}
+    switched_off = {
+        layer.name
+        for layer in layers
+        if isinstance(layer, recompute.Recomputed)
+        or any(isinstance(layer, kind) and not getattr(layer, attribute) for kind, attribute in NOISE_LAYERS)
+    }
+    # Naming only: the traced functions are read through a private method that may change.
+    traced = getattr(model.train_function, "_list_all_concrete_functions", lambda: [])()
+    found: dict[str, set[str]] = {}
+    for function in traced:
+        graph = function.graph.as_graph_def()
+        # The step's own nodes and those of the functions it calls (loop bodies, nested calls).
+        nodes = [*graph.node, *(node for library in graph.library.function for node in library.node_def)]
+        for node in (node for node in nodes if node.op in RANDOM_OPS):
+            # A name scope entered twice in one graph gets _1, _2, ...: a layer called twice.
+            scopes = [scope if scope in names else re.sub(r"_\d+$", "", scope) for scope in node.name.split("/")[:-1]]
+            layer = next((scope for scope in reversed(scopes) if scope in names), None)
+            if layer in switched_off:
+                continue
+            if layer is None:
+                where = f"outside the layers: {node.name}"
+            else:
+                where = f"{layer}, in the model's own call" if layer == model.name else layer
+            found.setdefault(where, set()).add(node.op)
+    return [f"{where} ({', '.join(sorted(ops))})" for where, ops in found.items()]
 
 
 def unsynchronised_norms(model) -> list[str]:
@@ -154,27 +293,54 @@ def unsynchronised_norms(model) -> list[str]:
     ]
 
 
-def train_curve(make_model: Callable, strategy, initial: list, batches: list) -> tuple[list[float], float, object]:
-    """(the loss of each batch trained in order, the inference loss of the first batch before any update,
-    the model) from `initial` weights under `strategy`."""
+def start(make_model: Callable, strategy, initial: list) -> tuple[object, list]:
+    """(`make_model()` under `strategy` with `initial` weights, the initial values of its optimizer's
+    variables, made here rather than in the first step so that `replay` can restore them)."""
     with strategy.scope():
         model = make_model()
         model.set_weights(initial)
+        model.optimizer.build(model.trainable_variables)
+    return model, [variable.numpy() for variable in model.optimizer.variables]
+
+
+def train_curve(make_model: Callable, strategy, initial: list, batches: list) -> tuple[list[float], float, object]:
+    """(the loss of each batch trained in order, the inference loss of the first batch before any update,
+    the model) from `initial` weights under `strategy`."""
+    model, _ = start(make_model, strategy, initial)
+    return (*curve(model, batches), model)
+
+
+def curve(model, batches: list) -> tuple[list[float], float]:
+    """(the loss of each batch trained in order, the inference loss of the first batch before any update)."""
     features, targets = batches[0]
     inference = float(model.test_on_batch(features, targets, return_dict=True)["loss"])
-    losses = [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in batches]
-    return losses, inference, model
+    return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in batches], inference
+
+
+def replay(model, initial: list, optimizer_start: list, batches: list) -> list[float]:
+    """The training losses of `batches` again on a trained `model`, its weights and optimizer state
+    reset to `initial` and `optimizer_start`: the same traced step on the same numbers, while the
+    state of its random ops and generators carries on. Repeats the first losses unless the step
+    draws random numbers."""
+    model.set_weights(initial)
+    for variable, value in zip(model.optimizer.variables, optimizer_start):
+        variable.assign(value)
+    return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in batches]
 
 
 def compare(make_model: Callable, batches: list, one, replicated, tolerance: float = 1e-3) -> Curves:
     """Trains `make_model()` (compiled, dropout already off) on `batches` ([(features, targets)] of
-    the global batch, numpy) from the same initial weights under the strategies `one` and `replicated`."""
+    the global batch, numpy) from the same initial weights under the strategies `one` and `replicated`;
+    the one-device model trains on them once more from the same start (`replay`), which tells whether
+    the step draws random numbers (and then where: `random_layers`)."""
     with one.scope():
         reference = make_model()
     initial = reference.get_weights()
-    one_losses, one_inference, model = train_curve(make_model, one, initial, batches)
+    model, optimizer_start = start(make_model, one, initial)
+    one_losses, one_inference = curve(model, batches)
+    replayed = replay(model, initial, optimizer_start, batches)
     losses, inference, _ = train_curve(make_model, replicated, initial, batches)
-    return Curves(
+    curves = Curves(
         replicated.num_replicas_in_sync,
         one_losses,
         losses,
@@ -183,7 +349,11 @@ def compare(make_model: Callable, batches: list, one, replicated, tolerance: flo
         tolerance,
         unsynchronised_norms(model),
         initial,
+        replayed,
     )
+    if curves.draws_random_numbers:
+        curves.random_layers = random_layers(model)
+    return curves
 
 
 def global_batches(cfg: config_lib.Config, task, manifest: dict, steps: int) -> list:
@@ -204,11 +374,19 @@ def global_batches(cfg: config_lib.Config, task, manifest: dict, steps: int) -> 
 
 def report(curves: Curves, synchronised: Curves | None, mixed: list[float] | None, chosen: str) -> list[str]:
     lines = [f"{'step':>4}  {'one device':>10}  {f'{curves.replicas} replicas':>11}  {'difference':>10}"]
-    parting = curves.parting_step
+    parting = None if curves.draws_random_numbers else curves.parting_step
     for step, (a, b) in enumerate(zip(curves.one_device, curves.replicated)):
         mark = "  <- the curves part here" if step == parting else ""
         lines.append(f"{step:>4}  {a:>10.5f}  {b:>11.5f}  {curves.relative(a, b):>10.2e}{mark}")
-    if parting is None:
+    if curves.replayed:
+        lines.append(
+            f"noise floor: the same {len(curves.replayed)} steps again on one device from the same weights: largest "
+            f"difference {curves.noise:.1e} (float32 rounding: within {ROUNDING:.1e})"
+        )
+    if curves.draws_random_numbers:
+        lines.append("verdict: none: the model draws random numbers in training, so the curves differ by chance:")
+        lines.append(f"  - {curves.randomness()}")
+    elif parting is None:
         worst = max(curves.relative(a, b) for a, b in zip(curves.one_device, curves.replicated))
         lines.append(
             f"verdict: agree: {curves.replicas} replicas train as one device does (largest difference "
@@ -217,7 +395,9 @@ def report(curves: Curves, synchronised: Curves | None, mixed: list[float] | Non
     else:
         lines.append(f"verdict: the curves part at step {parting}, because:")
         lines += [f"  - {cause}" for cause in curves.causes(synchronised)]
-    if mixed is None:
+    if mixed is None and chosen == "bfloat16":
+        lines.append("precision: not measured: random numbers in training would hide what mixed_bfloat16 moves")
+    elif mixed is None:
         lines.append(f"precision: this run trains in {chosen}; the comparison above is that precision")
     else:
         drift = max(curves.relative(a, b) for a, b in zip(curves.one_device, mixed))
@@ -266,9 +446,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     precision.set_policy("float32")
     curves = compare(make_model, batches, single_device(target), target.strategy, args.tolerance)
     if off[0]:
-        print(f"dropout off in both runs ({off[0]} layers): its random masks differ per device", flush=True)
+        print(
+            f"dropout off in both runs ({off[0]} Dropout and noise layers): their random numbers differ per device",
+            flush=True,
+        )
     synchronised = None
-    if curves.parting_step is not None and curves.unsynchronised_norms:
+    if curves.parting_step is not None and curves.unsynchronised_norms and not curves.draws_random_numbers:
 
         def make_synchronised():
             model = make_model()
@@ -277,11 +460,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         synchronised = compare(make_synchronised, batches, single_device(target), target.strategy, args.tolerance)
     mixed = None
-    if chosen == "bfloat16":  # the run's own precision, from the same weights on one device
+    # The run's own precision, from the same weights on one device (random numbers would hide its effect).
+    if chosen == "bfloat16" and not curves.draws_random_numbers:
         precision.set_policy("bfloat16")
         mixed, _, _ = train_curve(make_model, single_device(target), curves.initial, batches)
     for line in report(curves, synchronised, mixed, chosen):
         print(line, flush=True)
+    if curves.draws_random_numbers:
+        return 1
     return 0 if curves.parting_step is None or curves.only_norms(synchronised) else 1
 
 

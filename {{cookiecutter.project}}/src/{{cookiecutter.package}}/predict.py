@@ -41,14 +41,14 @@ def predict(run_dir: str, inputs: Sequence[str]) -> list[tuple[str, dict]]:
 
     serve, manifest, export_dir = load_export(run_dir)
     task = tasks.load(manifest["task"], f"(the task of {export_dir})")
-    names, batch = task.predict_inputs(inputs, export_dir, manifest)
-    batch = tf.nest.map_structure(tf.constant, batch)
+    names, batch = task.predict_inputs(inputs, manifest, export_dir)
+    tensors = tf.nest.map_structure(tf.constant, batch)
     # A signature of several inputs takes them by name (the task's batch is then a dict of them).
-    # The first call runs TensorFlow's graph passes, whose oneDNN notice about int32 ops is left out.
-    with native_logs.without_lines(native_logs.ONEDNN_INT32_NOTICE):
-        served = serve(**batch) if isinstance(batch, dict) else serve(batch)
+    # The first call runs TensorFlow's graph passes, whose oneDNN notice about a type (int32, bool) is left out.
+    with native_logs.without_lines(native_logs.ONEDNN_TYPE_NOTICE):
+        served = serve(**tensors) if isinstance(tensors, dict) else serve(tensors)
     outputs = {key: value.numpy() for key, value in served.items()}
-    return list(zip(names, task.predictions(outputs, export_dir, manifest)))
+    return list(zip(names, task.predictions(batch, outputs, manifest, export_dir)))
 
 
 def line(name: str, fields: dict) -> str:

@@ -1,6 +1,6 @@
 """Trivial baselines of the data: the scores a model must beat to have learned anything.
 
-`make preprocess` fits the task's baselines (`Task.baselines`: the majority class, a bag-of-words or
+`make preprocess` fits the task's baselines (`Task.score_baselines`: the majority class, a bag-of-words or
 pixel linear model, an n-gram model, the train mean) on the train split and scores them on the eval
 split, in the task's headline metric, and writes them into manifest.json. Training prints them
 beside every evaluation and writes them into metrics.json; `make doctor` warns when the last run
@@ -47,7 +47,7 @@ def compute(task, manifest: dict, data_dir: str) -> dict | None:
     splits = manifest["splits"]
     if not splits["train"]["num_examples"] or not splits["eval"]["num_examples"]:
         return None
-    scores = task.baselines(
+    scores = task.score_baselines(
         batches(task, manifest, data_dir, "train", TRAIN_RECORDS),
         batches(task, manifest, data_dir, "eval", EVAL_RECORDS),
         manifest,

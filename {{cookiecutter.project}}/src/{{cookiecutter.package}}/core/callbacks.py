@@ -14,7 +14,7 @@ order (trainer.py, `Trainer.callbacks`):
     PeriodicEvaluation  every train.eval_every steps: `eval_<metric>` into Keras' logs; the best
                         evaluation's checkpoint (by a monitor and a mode) is kept apart
     EarlyStopping       train.early_stop_patience evaluations without improvement: stop
-    ... the task's own  `Task.callbacks` (core/task.py): any Keras callback, after these
+    ... the task's own  `Task.build_callbacks` (core/task.py): any Keras callback, after these
 
 A callback reads what it needs from Keras' `logs` and its constructor, and hands what it learned to
 the trainer through the one `Report` it is given; nothing reads a callback's attributes. Another
@@ -201,15 +201,15 @@ class StepLog(BetweenExecutions):
         tflops, mfu = self.utilisation.tflops_per_chip(rate), self.utilisation.mfu(rate)
         print(
             f"step {step:6d}/{self.cfg.train.total_steps}  {values}  lr {self.learning_rate(step):.5f}  "
-            f"{rate:7.2f} steps/s  {examples:9.1f} examples/s  {tflops:7.3f} TFLOP/s/chip"
-            + (f"  MFU {mfu:6.1%}" if mfu is not None else ""),
+            f"{rate:7.2f} steps/s  {examples:9.1f} examples/s  {self.utilisation.describe_rate(rate)}",
             flush=True,
         )
         if math.isfinite(rate):
             with self.writer.as_default():
                 tf.summary.scalar("steps_per_second", rate, step=step)
                 tf.summary.scalar("examples_per_second", examples, step=step)
-                tf.summary.scalar("tflops_per_chip", tflops, step=step)
+                if tflops is not None:  # None: the model's FLOPs are unknown (the line says why)
+                    tf.summary.scalar("tflops_per_chip", tflops, step=step)
                 if mfu is not None:
                     tf.summary.scalar("model_flops_utilization", mfu, step=step)
         self.writer.flush()

@@ -143,5 +143,6 @@ def resolve(runtime: RuntimeConfig) -> Target:
             wanted = "cpu"
         log.info("runtime.strategy=auto: found %s", {"tpu": "a TPU", "gpu": "GPUs", "cpu": "no accelerator"}[wanted])
     resolved = {"tpu": lambda: _tpu(runtime), "gpu": _gpu, "cpu": lambda: _cpu(runtime)}[wanted]()
+    native_logs.spend_onednn_notice()  # TensorFlow has started: no training graph logs the notice now
     log.info(resolved.describe())
     return resolved

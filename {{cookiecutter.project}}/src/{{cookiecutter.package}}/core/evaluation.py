@@ -8,12 +8,14 @@ boundaries and at the end; `make eval` (evaluate.py) on the latest checkpoint.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from . import config as config_lib
 from . import baselines, input_pipeline
+from .errors import UserError
 from .model import LOSS_METRIC, metric_names
 from .run_dir import run_path
 
@@ -49,8 +51,7 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, task, manifest: dict
     )
     started = time.perf_counter()
     results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
-    split_metrics = task.split_metrics(cfg.objective, manifest)
-    if split_metrics:
+    if task.split_metric_names:
         dataset, steps = input_pipeline.distributed_dataset(
             strategy,
             cfg.data.dir,
@@ -62,7 +63,7 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, task, manifest: dict
             cache=cfg.data.cache,
         )
         outputs, targets = split_outputs(model, strategy, dataset, steps)
-        results.update({name: function(outputs, targets) for name, function in split_metrics.items()})
+        results.update(split_metrics(model, outputs, targets, cfg, task, manifest))
     elapsed = time.perf_counter() - started
     examples = manifest["splits"]["eval"]["num_examples"]
     return {
@@ -75,18 +76,50 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, task, manifest: dict
     }
 
 
+def split_metrics(model, outputs, targets, cfg: config_lib.Config, task, manifest: dict) -> dict:
+    """The task's whole-split metrics from one call, checked to be the names it declares."""
+    found = task.split_metrics(model, outputs, targets, cfg.objective, manifest)
+    names = task.split_metric_names
+    if not isinstance(found, dict) or set(found) != set(names):
+        raise UserError(
+            f"the task's split_metrics returned {sorted(found) if isinstance(found, dict) else type(found).__name__}: "
+            f"it returns a dict of every name in the task's split_metric_names ({list(names)}) and no other; "
+            "add the other names to split_metric_names"
+        )
+    return {name: found[name] for name in names}
+
+
+# The traced whole-split step of each model, by strategy: a run evaluates the same model every
+# train.eval_every steps, and a new trace at each would repeat the first one's tracing and compiling.
+# Weak keys, and a weak reference in the step, so that the cache keeps no model alive.
+_output_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def output_step(model, strategy: tf.distribute.Strategy):
+    """The step of `split_outputs`: one batch per replica through `model` in inference mode, its
+    outputs, targets and weights gathered from every replica. Traced once per model and strategy."""
+    steps = _output_steps.setdefault(model, {})
+    if strategy not in steps:
+        reference = weakref.ref(model)
+
+        def replica_step(features, targets, weights):
+            return reference()(features, training=False), targets, weights
+
+        @tf.function
+        def step(iterator):
+            per_replica = strategy.run(replica_step, args=next(iterator))
+            return tf.nest.map_structure(lambda value: strategy.gather(value, axis=0), per_replica)
+
+        steps[strategy] = step
+    return steps[strategy]
+
+
 def split_outputs(model, strategy: tf.distribute.Strategy, dataset, steps: int):
     """(the model's outputs, the targets) of every eval example exactly once, as numpy arrays (or dicts
     of them), for the task's whole-split metrics: each step's per-replica results are gathered to the
     host and the padding (weight 0) is dropped. The order of examples is the input's, interleaved by
     replica; a whole-split metric does not depend on it."""
-
-    @tf.function
-    def step(iterator):
-        features, targets, weights = next(iterator)
-        per_replica = strategy.run(lambda x, y, w: (model(x, training=False), y, w), args=(features, targets, weights))
-        return tf.nest.map_structure(lambda value: strategy.gather(value, axis=0), per_replica)
-
+    step = output_step(model, strategy)
     iterator, parts = iter(dataset), []
     for _ in range(steps):
         parts.append(tf.nest.map_structure(lambda tensor: tensor.numpy(), step(iterator)))

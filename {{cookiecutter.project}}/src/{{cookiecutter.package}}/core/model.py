@@ -18,7 +18,7 @@ from .keras import keras
 
 
 def gather(tensor):
-    """Inside a training or evaluation step (the task's `step_loss`): every replica's `tensor`
+    """Inside a training or evaluation step (the task's step loss): every replica's `tensor`
     concatenated along axis 0, in replica order, so a batch-level loss sees the global batch; with one
     replica, `tensor` itself. Differentiable: the gradient flows back to each replica's own part.
 
@@ -50,8 +50,8 @@ class TaskModel(keras.Model):
       activations are alive at a time. (The micro-batches arrive together instead of one per step with
       a conditional update because the optimizer's cross-replica all-reduce may not run inside control
       flow under a distribution strategy: every step is one update.)
-    - `step_loss` (the task's, see Task.step_loss): the loss of each training and evaluation step is
-      the task's function of the whole batch, instead of the mean of a per-example loss.
+    - `step_loss` (the task's, see Task.build_step_loss): the loss of each training and evaluation step
+      is the task's function of this model and the whole batch, instead of the mean of a per-example loss.
     """
 
     accumulation_steps = 1
@@ -80,13 +80,13 @@ class TaskModel(keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
         if self.step_loss is None:
             return super().compute_loss(x, y, y_pred, sample_weight)
-        values = self.step_loss(x, y, y_pred, sample_weight)
+        values = self.step_loss(self, x, y, y_pred, sample_weight)
         values = dict(values) if isinstance(values, dict) else {"loss": values}
         unknown = sorted(set(values) - set(self.step_trackers))
         if "loss" not in values or unknown:
             raise UserError(
-                f"the task's step_loss returned {sorted(values)}: it returns a scalar, or a dict with a 'loss' "
-                f"entry and entries named in the task's loss_terms ({list(self.loss_terms) or 'none'}); "
+                f"the task's step loss (build_step_loss) returned {sorted(values)}: it returns a scalar, or a dict "
+                f"with a 'loss' entry and entries named in the task's loss_terms ({list(self.loss_terms) or 'none'}); "
                 "add the other names to loss_terms"
             )
         # The examples this replica's batch counts: evaluation's padding has weight 0.
@@ -124,10 +124,10 @@ class TaskModel(keras.Model):
 
 def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
     """`task`'s network for the data described by `manifest`. With `train.gradient_accumulation_steps`
-    > 1 or a task's `step_loss`, the same layers in a TaskModel (same weights, same checkpoints, same
+    > 1 or a task's step loss, the same layers in a TaskModel (same weights, same checkpoints, same
     serving)."""
     model = task.build_model(cfg.model, manifest)
-    step_loss = task.step_loss(cfg.objective, manifest)
+    step_loss = task.build_step_loss(cfg.objective, manifest)
     if cfg.train.gradient_accumulation_steps > 1 or step_loss is not None:
         model = TaskModel(inputs=model.input, outputs=model.output, name=model.name)
         model.accumulation_steps = cfg.train.gradient_accumulation_steps
@@ -151,19 +151,19 @@ def objective_metrics(cfg: Config, task, manifest: dict) -> list:
     evaluation. Created under the float32 policy they are plain float32 variables (and a sum over
     many examples keeps its digits); the predictions are cast to float32 on the way in.
     """
-    # A step_loss is reported by the model itself (TaskModel.compute_loss).
-    loss = task.loss(cfg.objective, manifest) if task.step_loss(cfg.objective, manifest) is None else None
+    # A step loss is reported by the model itself (TaskModel.compute_loss).
+    loss = task.build_loss(cfg.objective, manifest) if task.build_step_loss(cfg.objective, manifest) is None else None
     with precision.policy("float32"):
-        metrics = task.metrics(cfg.objective, manifest)
+        metrics = task.build_metrics(cfg.objective, manifest)
         if loss is not None:
             metrics.append(keras.metrics.MeanMetricWrapper(loss.call, name=LOSS_METRIC))
     for metric in metrics:
         used = metric.dtype_policy
         if used.compute_dtype != used.variable_dtype:
             raise UserError(
-                f"the task's metric {metric.name} uses the {used.name} policy (made outside Task.metrics(), or "
+                f"the task's metric {metric.name} uses the {used.name} policy (made outside Task.build_metrics(), or "
                 f"with dtype={used.name!r}): its state cannot be read across replicas; create it inside "
-                "Task.metrics() without a dtype, or with dtype='float32'"
+                "Task.build_metrics() without a dtype, or with dtype='float32'"
             )
     return metrics
 
@@ -171,19 +171,18 @@ def objective_metrics(cfg: Config, task, manifest: dict) -> list:
 def metric_names(cfg: Config, task, manifest: dict) -> list[str]:
     """The names evaluation reports: `loss` first, then the step loss's other terms, the task's
     metrics and its whole-split metrics."""
-    terms = task.loss_terms if task.step_loss(cfg.objective, manifest) is not None else ()
+    terms = task.loss_terms if task.build_step_loss(cfg.objective, manifest) is not None else ()
     return [
         "loss",
         *terms,
-        *(metric.name for metric in task.metrics(cfg.objective, manifest)),
-        *task.split_metrics(cfg.objective, manifest),
+        *(metric.name for metric in task.build_metrics(cfg.objective, manifest)),
+        *task.split_metric_names,
     ]
 
 
 def step_metric_names(cfg: Config, task, manifest: dict) -> list[str]:
     """The names a training step reports (the whole-split metrics are evaluation's only)."""
-    split = task.split_metrics(cfg.objective, manifest)
-    return [name for name in metric_names(cfg, task, manifest) if name not in split]
+    return [name for name in metric_names(cfg, task, manifest) if name not in task.split_metric_names]
 
 
 def compile_model(model: keras.Model, cfg: Config, task, manifest: dict, steps_per_execution: int) -> keras.Model:
@@ -196,8 +195,10 @@ def compile_model(model: keras.Model, cfg: Config, task, manifest: dict, steps_p
     optimizer = optimizers.make(cfg.train)
     model.compile(
         optimizer=optimizer,
-        # With a step_loss, the model computes its loss itself (TaskModel.compute_loss).
-        loss=None if task.step_loss(cfg.objective, manifest) is not None else task.loss(cfg.objective, manifest),
+        # With a step loss, the model computes its loss itself (TaskModel.compute_loss).
+        loss=None
+        if task.build_step_loss(cfg.objective, manifest) is not None
+        else task.build_loss(cfg.objective, manifest),
         weighted_metrics=objective_metrics(cfg, task, manifest),
         steps_per_execution=steps_per_execution,
     )

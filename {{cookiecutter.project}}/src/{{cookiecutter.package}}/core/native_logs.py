@@ -17,9 +17,11 @@ import tempfile
 # TensorFlow's CUDA build, on a machine without an NVIDIA driver (/proc/driver/nvidia), looks for a
 # GPU at its first look at the devices and logs the stub driver's answer at ERROR level.
 NO_GPU_PROBE = re.compile(r"failed call to cuInit")
-# oneDNN's graph pass, on the first run of a graph with int32 arithmetic, logs at ERROR level that it
-# leaves those ops to the default (Eigen) kernels: a notice, logged even on CPUs that have AVX-512.
-ONEDNN_INT32_NOTICE = re.compile(r"oneDNN supports DT_INT32 only on platforms with AVX-512")
+# oneDNN's graph pass, on the first run of a graph with an op of a type it has no kernel for (int32
+# arithmetic, a transpose of a bool mask), logs at ERROR level that it leaves that op to the default
+# (Eigen) kernels: "oneDNN supports DT_INT32 only on platforms with AVX-512. Falling back to ...". A
+# notice, logged even on CPUs that have AVX-512, and once per process, for the first such type only.
+ONEDNN_TYPE_NOTICE = re.compile(r"oneDNN supports DT_[A-Z0-9_]+ only on platforms with AVX-512")
 
 
 def has_nvidia_driver() -> bool:
@@ -45,3 +47,14 @@ def without_lines(pattern: re.Pattern):
                 if not pattern.search(line):
                     sys.stderr.write(line)
             sys.stderr.flush()
+
+
+def spend_onednn_notice() -> None:
+    """Runs one graph that draws oneDNN's notice (ONEDNN_TYPE_NOTICE: a transpose of a bool tensor on
+    the CPU) with the line left out. TensorFlow logs the notice once per process, whatever type comes
+    first, so no later graph (a training step, an evaluation, an export) logs it again. Needs
+    TensorFlow started: call it once the devices are configured."""
+    import tensorflow as tf
+
+    with without_lines(ONEDNN_TYPE_NOTICE), tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+        tf.function(lambda mask: tf.transpose(mask))(tf.constant([[True, False]])).numpy()

@@ -6,9 +6,9 @@ This module is the record plumbing every task shares; the task (tasks/) says how
 listed and read, how one example is encoded, and, when it needs one, what is learned from the
 train split first (a tokenizer). The steps:
 
-    list RAW (driver) -> read files -> split by stable hash -> [fit on a bounded train sample]
-    -> encode each example -> group by shard -> [the task packs a shard's examples into records]
-    -> write shards -> finalize (manifest last)
+    list RAW (driver) -> read files -> split by stable hash -> [count each vocabulary's names]
+    -> [fit the encoding on a bounded train sample] -> encode each example -> group by shard
+    -> [the task packs a shard's examples into records] -> write shards -> finalize (manifest last)
 
 A raw input that cannot become an example (empty, truncated, not decodable, malformed) is
 rejected with its source and reason into rejected.jsonl and counted by reason in the manifest and
@@ -18,7 +18,7 @@ fails the job.
 Guarantees:
 - Deterministic: the split and the shard of an example come from a stable hash of its source,
   each shard is written in the order of another stable hash (so no shard is a run of one label),
-  and the fitting sample is chosen by hash too: two runs give identical files.
+  and the encoding fit's sample is chosen by hash too: two runs give identical files.
 - Exact: the manifest's counts are the records actually written to each split's shards.
 - Never partial: shards are written to a temporary folder; only when all are final does one last
   step replace the previous output and write manifest.json, last.
@@ -38,8 +38,8 @@ import logging
 import struct
 import time
 import uuid
-from collections import defaultdict
-from typing import Iterable, Sequence
+from collections import Counter, defaultdict
+from typing import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -137,10 +137,10 @@ class EncodeExamples(beam.DoFn):
         self.by_shard = defaultdict(list)
         self.stats = defaultdict(float)
 
-    def process(self, element, categories: list, counts: dict, artifacts: dict):
+    def process(self, element, vocabularies: dict, counts: dict, artifacts: dict):
         split, example = element
         try:
-            record, stats = self.task.encode(example, categories, self.data, artifacts)
+            record, stats = self.task.encode(example, self.data, vocabularies, artifacts)
         except Rejected as error:
             yield beam.pvalue.TaggedOutput(
                 "rejected",
@@ -163,9 +163,38 @@ class EncodeExamples(beam.DoFn):
             yield beam.pvalue.TaggedOutput("stats", WindowedValue(dict(self.stats), 0, [GlobalWindow()]))
 
 
-def categories_of(task, examples: Iterable) -> list:
-    """The sorted category names of `examples` for a task with categorical targets, else []."""
-    return sorted({example.target for example in examples}) if task.categorical_targets else []
+def vocabulary_entries(task, example) -> Iterator[tuple[str, str]]:
+    """(field, name) for each category name `example` holds, as the task's `vocabularies` gives them."""
+    for field, names in task.vocabularies(example).items():
+        for name in names:
+            if not isinstance(name, str):
+                raise TypeError(
+                    f"task {task.name}: vocabularies() gave {name!r} ({type(name).__name__}) in field "
+                    f"{field!r} of {example.source}; category names must be strings"
+                )
+            yield field, name
+
+
+def vocabulary_counts(counted: Iterable[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:
+    """{field: {name: count}}, fields and names sorted, from ((field, name), count) pairs: the
+    manifest's `vocabularies`."""
+    found = defaultdict(dict)
+    for (field, name), count in sorted(counted):
+        found[field][name] = count
+    return dict(found)
+
+
+def vocabulary_names(counts: dict[str, dict[str, int]]) -> dict[str, list[str]]:
+    """{field: sorted names}: the vocabularies `encode` and `manifest_fields` get (a manifest's own
+    `vocabularies` give them back)."""
+    return {field: sorted(names) for field, names in counts.items()}
+
+
+def count_vocabularies(task, examples: Iterable) -> dict[str, dict[str, int]]:
+    """The manifest's `vocabularies` of `examples`, counted in this process (what the pipeline's
+    VocabularyNames..Vocabularies steps count in Beam)."""
+    entries = Counter(entry for example in examples for entry in vocabulary_entries(task, example))
+    return vocabulary_counts(entries.items())
 
 
 def shard_counts(counts: dict, bytes_per_example: int, reading_hosts: int, num_shards: int | None) -> dict:
@@ -185,8 +214,8 @@ def sum_stats(stats: Iterable[dict]) -> dict:
 
 
 def fit_artifacts(sample: list, task, data, workdir: str) -> dict:
-    """The task's fitted artifacts (e.g. a tokenizer) from the bounded, hash-chosen train sample."""
-    return task.fit([payload for _, payload in sorted(sample)], data, workdir)
+    """The task's fitted encoding artifacts (e.g. a tokenizer) from the bounded, hash-chosen train sample."""
+    return task.fit_encoding([payload for _, payload in sorted(sample)], data, workdir)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -251,7 +280,7 @@ def finalize(
     shards: list,
     rejected: list,
     stats: list,
-    categories: list,
+    vocabularies: dict,
     artifacts: dict,
     *,
     task,
@@ -312,7 +341,10 @@ def finalize(
         "source": input_root,
         "splits": splits,
         "feature_spec": task.feature_spec(data),
-        **task.manifest_fields(data, artifacts, sum_stats([*stats, *(s["stats"] for s in shards)]), categories),
+        **task.manifest_fields(
+            sum_stats([*stats, *(s["stats"] for s in shards)]), data, artifacts, vocabulary_names(vocabularies)
+        ),
+        "vocabularies": vocabularies,
         "eval_fraction": data.eval_fraction,
         "compression": compression,
         "artifacts": sorted(artifacts),
@@ -369,36 +401,35 @@ def build_pipeline(
         | "Read" >> beam.ParDo(ReadFiles(task, root, data.eval_fraction)).with_outputs("rejected", main="examples")
     )
     examples = read.examples
-    if task.categorical_targets:
-        categories = (
-            examples
-            | "Targets" >> beam.Map(lambda element: element[1].target)
-            | "DistinctTargets" >> beam.Distinct()
-            | "SortedTargets" >> beam.combiners.ToList()
-            | "Sort" >> beam.Map(sorted)
-        )
-    else:
-        categories = pipeline | "NoCategories" >> beam.Create([[]])
+    # Each category name of each example with its count over the whole input, by field; none for a
+    # task without vocabularies.
+    vocabularies = (
+        examples
+        | "VocabularyNames" >> beam.FlatMap(lambda element: vocabulary_entries(task, element[1]))
+        | "CountNames" >> beam.combiners.Count.PerElement()
+        | "AllNames" >> beam.combiners.ToList()
+        | "Vocabularies" >> beam.Map(vocabulary_counts)
+    )
     counts = (
         examples
         | "Splits" >> beam.Map(lambda element: element[0])
         | "CountPerSplit" >> beam.combiners.Count.PerElement()
     )
-    if task.needs_fit:
+    if task.needs_encoding_fit:
         # A bounded sample of the train split, chosen by hash so that the fit is deterministic.
         artifacts = (
             examples
             | "TrainOnly" >> beam.Filter(lambda element: element[0] == "train")
             | "FitKey" >> beam.Map(lambda element: (_hash_unit(element[1].source, b"fit:"), element[1].payload))
-            | "FitSample" >> beam.combiners.Top.Smallest(task.fit_sample_size(data))
-            | "Fit" >> beam.Map(fit_artifacts, task=task, data=data, workdir=temp_dir)
+            | "FitSample" >> beam.combiners.Top.Smallest(task.encoding_sample_size(data))
+            | "FitEncoding" >> beam.Map(fit_artifacts, task=task, data=data, workdir=temp_dir)
         )
     else:
         artifacts = pipeline | "NoArtifacts" >> beam.Create([{}])
 
     encoded = examples | "Encode" >> beam.ParDo(
         EncodeExamples(task, root, data, num_shards, reading_hosts),
-        categories=beam.pvalue.AsSingleton(categories),
+        vocabularies=beam.pvalue.AsSingleton(vocabularies | "SortedNames" >> beam.Map(vocabulary_names)),
         counts=beam.pvalue.AsDict(counts),
         artifacts=beam.pvalue.AsSingleton(artifacts),
     ).with_outputs("rejected", "stats", main="records")
@@ -417,7 +448,7 @@ def build_pipeline(
             shards=beam.pvalue.AsList(written),
             rejected=beam.pvalue.AsList(rejected),
             stats=beam.pvalue.AsList(encoded.stats),
-            categories=beam.pvalue.AsSingleton(categories),
+            vocabularies=beam.pvalue.AsSingleton(vocabularies),
             artifacts=beam.pvalue.AsSingleton(artifacts),
             task=task,
             data=data,
@@ -524,10 +555,15 @@ def run(
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
     plan = build_pipeline(pipeline, input_root, output, task, data, reading_hosts, num_shards, compression)
+    # The folders are the ones passed (--input, --output), which may not be the config's data.raw and data.dir.
     settings = ", ".join(
-        f"{key}={value}" for key, value in dataclasses.asdict(data).items() if key not in ("dir", "shuffle_buffer")
+        f"{key}={value}"
+        for key, value in dataclasses.asdict(data).items()
+        if key not in ("raw", "dir", "shuffle_buffer")
     )
-    print(f"{plan['files']} input files ({plan['ignored']} other files ignored); {settings}", flush=True)
+    print(
+        f"{plan['files']} input files in {input_root} ({plan['ignored']} other files ignored); {settings}", flush=True
+    )
     if dry_run and not on_dataflow:  # only the DataflowRunner knows --dry_run; the others would run
         print_dry_run(pipeline, options, None)
         return 0

@@ -129,7 +129,7 @@ def export(model, output_dir: str, manifest: dict, cfg, task) -> str:
     in its assets.extra/ what `predict` needs: the manifest and the task's assets (e.g. its tokenizer)."""
     path = run_path(output_dir, "export")
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
-    signature = task.serving_signature(model, manifest, cfg.predict, cfg.objective)
+    signature = task.build_serving_signature(model, cfg.predict, cfg.objective, manifest)
     tf.saved_model.save(model, path, signatures={"serving_default": signature}, options=options)
     extra = run_path(path, "assets.extra")
     tf.io.gfile.makedirs(extra)

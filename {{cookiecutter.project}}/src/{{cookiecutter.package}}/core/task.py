@@ -6,37 +6,43 @@ the benchmarks) is shared and imports no task code: a command loads the task its
 (`tasks.load(cfg.task)`) and passes it on, and every function of the core that needs it takes it as
 an argument (`task`, right after the config: `build_model(cfg, task, manifest)`).
 
-A task is a package under `tasks/` whose `TASK` object implements `Task`. Every member of the
-contract, in the order the data flows through them; * marks the required ones (abstract in `Task`:
+A task is a package under `tasks/` whose `TASK` object implements `Task`. Its members, grouped by
+where the data is when they run, in that order; * marks the required ones (abstract in `Task`:
 `tasks.load` refuses a task that leaves one out, in one line naming it and the task's file):
 
-    config                  name*, data_config*, model_config*, objective_config, predict_config
-    listing                 raw_format*, list_raw*
-    reading                 read_raw*, reject_reasons
-    fit                     fit, fit_sample_size, needs_fit
-    encode                  categorical_targets, encode*
-    pack                    pack, bytes_per_example*
-    feature spec, manifest  feature_spec*, manifest_fields
-    input parsing           check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
-    model                   build_model*, output_layers
-    objective               loss*, step_loss, loss_terms, metrics, split_metrics
-    training                callbacks
-    judging a run           headline_metric, higher_is_better, baselines, baseline_batch, baseline_advice
-    serving, predict        serving_signature*, export_assets, predict_inputs*, predictions*
-    sample data, tests      write_sample_data*, corpora, testing
-    doctor                  nominal_manifest*, width_fix, doctor_rules
+    config       name*, data_config*, model_config*, objective_config, predict_config
+    raw input    raw_format*, list_raw*, read_raw*, reject_reasons
+    encoding     fit_encoding, encoding_sample_size, needs_encoding_fit, vocabularies, encode*, pack,
+                 bytes_per_example*, feature_spec*, manifest_fields
+    input        check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
+    model        build_model*, output_layers
+    objective    build_loss*, build_step_loss, loss_terms, build_metrics, split_metric_names,
+                 split_metrics, build_callbacks, headline_metric, higher_is_better, score_baselines,
+                 baseline_batch, baseline_advice
+    serving      build_serving_signature*, export_assets, predict_inputs*, predictions*
+    sample data  write_sample_data*, corpora, testing
+    doctor       nominal_manifest*, width_fix, doctor_rules
 
-`loss` is required unless the task has a `step_loss` (its own objective of the whole batch); a task with
-neither is refused at load like one missing any other required member.
+Raw input lists and reads files into RawExamples (the driver and the Beam workers), encoding turns
+them into records and the manifest (Beam workers), input parses records into static batches
+(tf.data), the model maps a batch to outputs and the objective those to a loss, metrics and a
+verdict on the run (the Keras model, evaluation), serving runs in the export and `make predict`.
+Sample data and doctor serve the tests and the checks before any data exists.
 
-Listing to manifest runs in preprocessing (the Beam workers), input parsing to objective in training
-(tf.data and the Keras model), serving in the export and `make predict`. `needs_fit` is derived, not
-set: a task that overrides `fit` has one.
+A new task fills in the starred members (the skeleton `make new-task` writes has each of them
+working) and adds the others where it needs them.
+
+`build_loss` is required unless the task has a `build_step_loss` (its own objective of the whole
+batch); a task with neither is refused at load like one missing any other required member.
+
+`needs_encoding_fit` is derived, not set: a task that overrides `fit_encoding` has one.
 
 Parameters are named for what they hold: `data_config`, `model_config`, `objective_config` and
 `predict_config` are the config's `data:`, `model:`, `objective:` and `predict:` sections (instances of
 the task's dataclasses of the same names), `manifest` the data's manifest.json, `model` is a Keras
-model, `raw_bytes` the content of one raw file.
+model, `raw_bytes` the content of one raw file. A hook takes what it works on first, then the config
+sections, then the manifest, then the rest. A member named `build_*` returns an object the core
+uses (a loss, metrics, callbacks, a serving function); the others do the work themselves.
 
 The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
 reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
@@ -53,7 +59,7 @@ import abc
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypedDict
 
 
 class Rejected(Exception):
@@ -77,13 +83,52 @@ class RawExample:
     source: str
     target: Any
     """What the model learns to predict for this example, as the raw input says it: a category's
-    name when the task has `categorical_targets`, else whatever the task's `encode` reads (a number,
-    or None when the payload holds it)."""
+    name, a tag per token, a number, or None when the payload holds it (whatever the task's
+    `vocabularies` and `encode` read)."""
     payload: Any
     """What `encode` needs: the file's bytes for an image, the text for a text example."""
     split: str | None = None
     """'train' or 'eval' when the raw input itself decides (a CSV index's ML_USE column); None
     leaves the split to the stable hash of `source`."""
+
+
+class SplitFacts(TypedDict):
+    """What the manifest says of one split's shards."""
+
+    num_examples: int
+    """Records in the split: what the input pipeline reads (packed windows, when the task packs)."""
+    num_sources: int
+    """Raw examples encoded into them."""
+    files: list[str]
+    """Shard file names, in order."""
+    examples_per_file: list[int]
+    """Records in each shard, in the same order (what a resumed run's cursor counts with)."""
+    bytes: int
+
+
+class Manifest(TypedDict, total=False):
+    """manifest.json: what preprocessing wrote (the keys below, the core's) and, beside them, the task's
+    own facts (`manifest_fields`: e.g. `image_size`, `label_names`, the tokenizer's file and sha256).
+    Read once at start-up (input_pipeline.read_manifest) and handed to every hook that takes
+    `manifest`; at run time it is a plain dict, so a task reads its own keys as `manifest["image_size"]`.
+    `nominal_manifest` returns the keys `build_model` needs without any data."""
+
+    task: str
+    source: str
+    """RAW: the input preprocessing read."""
+    splits: dict[str, SplitFacts]
+    """'train' and 'eval'."""
+    feature_spec: dict
+    """The task's `feature_spec` of the data config the shards were written with."""
+    vocabularies: dict[str, dict[str, int]]
+    """Every field of the task's `vocabularies`: its names, sorted, with how many times each occurs."""
+    eval_fraction: float
+    compression: str
+    artifacts: list[str]
+    """Files written beside the shards by `fit_encoding` (e.g. the tokenizer)."""
+    rejected: dict
+    """{'count': n, 'by_reason': {reason: n}, 'file': the list of rejected inputs}."""
+    ignored_files: int
 
 
 @dataclass(frozen=True)
@@ -141,9 +186,10 @@ class Testing:
     must refuse it with a message that repeats it, and doctor's data.manifest rule must fail on it."""
     predict_inputs: Callable[[Path, Path], list[str]] | None = None
     """(the small sample's folder, a scratch folder) -> the INPUT paths of a `make predict`."""
-    fit_sample: str = ""
-    """For a task with a fit: the override (`data.<key>=<n>`) that bounds its sample, n smaller than
-    the small sample's train split: preprocessing must give `fit` exactly n train payloads."""
+    encoding_sample: str = ""
+    """For a task with a `fit_encoding`: the override (`data.<key>=<n>`) that bounds its sample, n
+    smaller than the small sample's train split: preprocessing must give `fit_encoding` exactly n
+    train payloads."""
 
 
 @dataclass(frozen=True)
@@ -183,8 +229,8 @@ class Task(abc.ABC):
 
     def __new__(cls, *args, **kwargs):
         missing = set(cls.__abstractmethods__)
-        if cls.loss is Task.loss and cls.step_loss is Task.step_loss:
-            missing.add("loss")  # one of the two objectives is required
+        if cls.build_loss is Task.build_loss and cls.build_step_loss is Task.build_step_loss:
+            missing.add("build_loss")  # one of the two objectives is required
         if missing:
             order = [member for member in vars(Task) if member in missing]
             raise IncompleteTask(cls, order + sorted(missing - set(order)))
@@ -210,14 +256,14 @@ class Task(abc.ABC):
 
     objective_config: type = NoKeys
     """Dataclass of the `objective:` section: what the loss and metrics are made with (a label
-    smoothing, a temperature, a threshold, class weights), given to `loss` and `metrics`; no keys
+    smoothing, a temperature, a threshold, class weights), given to `build_loss` and `build_metrics`; no keys
     by default. Like every section: unknown keys refused, the values written to config.yaml."""
 
     predict_config: type = NoKeys
     """Dataclass of the `predict:` section: what the export serves beyond the model (e.g. how many
-    tokens a generator writes per prompt), given to `serving_signature`; no keys by default."""
+    tokens a generator writes per prompt), given to `build_serving_signature`; no keys by default."""
 
-    # --------------------------------------------------------------- listing
+    # --------------------------------------------------------------- raw input
     @property
     @abc.abstractmethod
     def raw_format(self) -> str:
@@ -227,7 +273,6 @@ class Task(abc.ABC):
     def list_raw(self, input_root: str) -> Listing:
         """Lists RAW (local or gs://); raises UserError when it holds no raw input."""
 
-    # --------------------------------------------------------------- reading
     @abc.abstractmethod
     def read_raw(self, relative: str, raw_bytes: bytes) -> Iterator[RawExample | RawRejection]:
         """The examples (or rejections) in one listed file, given its content."""
@@ -235,36 +280,42 @@ class Task(abc.ABC):
     reject_reasons: dict[str, str] = {}
     """Why an input was rejected: code -> meaning (counted in the manifest and Beam metrics)."""
 
-    # --------------------------------------------------------------- fit
-    def fit(self, train_payloads: Sequence[Any], data_config: Any, workdir: str) -> dict[str, bytes]:
+    # --------------------------------------------------------------- encoding
+    def fit_encoding(self, train_payloads: Sequence[Any], data_config: Any, workdir: str) -> dict[str, bytes]:
         """Learns what encoding needs (a tokenizer, statistics) from a bounded sample of train
-        payloads; returns artifacts by file name, written beside the shards. A task that encodes
-        without one leaves this out, and preprocessing then skips the step."""
+        payloads; returns artifacts by file name, written beside the shards and handed to `encode`.
+        A task that encodes without one leaves this out, and preprocessing then skips the step.
+        (Not the model's training: that is `make train`.)"""
         return {}
 
-    def fit_sample_size(self, data_config: Any) -> int:
-        """How many train payloads `fit` sees at most (a bounded, hash-chosen sample)."""
+    def encoding_sample_size(self, data_config: Any) -> int:
+        """How many train payloads `fit_encoding` sees at most (a bounded, hash-chosen sample)."""
         return 0
 
     @property
-    def needs_fit(self) -> bool:
-        """Whether encoding needs `fit` first: derived from whether the task overrides it."""
-        return type(self).fit is not Task.fit
+    def needs_encoding_fit(self) -> bool:
+        """Whether encoding needs `fit_encoding` first: derived from whether the task overrides it."""
+        return type(self).fit_encoding is not Task.fit_encoding
 
-    # --------------------------------------------------------------- encode
-    categorical_targets: bool = False
-    """True when `RawExample.target` names a category: preprocessing then collects the sorted
-    category names of the whole input and hands them to `encode` and `manifest_fields`."""
+    def vocabularies(self, example: RawExample) -> dict[str, Iterable[str]]:
+        """The category names `example` holds, by field: `{'label': [example.target]}` for a
+        classifier, `{'tags': [a tag per token]}` for a tagger; several fields may be named. None by
+        default. Preprocessing collects every field's names over the whole input (train and eval,
+        each example that `read_raw` gives, also one that `encode` then rejects), writes each name's
+        count into the manifest (`vocabularies: {field: {name: count}}`, names sorted) and hands the
+        sorted names to `encode` and `manifest_fields` (`{field: [name, ...]}`): a name's index
+        there is the id to encode it as."""
+        return {}
 
     @abc.abstractmethod
     def encode(
-        self, example: RawExample, categories: Sequence[str], data_config: Any, artifacts: dict[str, bytes]
+        self, example: RawExample, data_config: Any, vocabularies: dict[str, list[str]], artifacts: dict[str, bytes]
     ) -> tuple[bytes, dict]:
         """(serialized tf.train.Example, additive statistics such as {'tokens': 42}); raises
-        `Rejected` for an input that does not decode. `categories` are the sorted category names
-        (with `categorical_targets`; empty otherwise)."""
+        `Rejected` for an input that does not decode. `vocabularies` are the sorted names of each
+        field of `vocabularies` over the whole input ({} for a task without), `artifacts` what
+        `fit_encoding` returned ({} without one)."""
 
-    # --------------------------------------------------------------- pack
     def pack(self, split: str, records: Sequence[bytes], data_config: Any) -> tuple[list[bytes], dict]:
         """The records one shard writes, from its encoded examples in their stable order: by default
         the examples themselves. A task whose records span several examples (documents packed
@@ -277,46 +328,46 @@ class Task(abc.ABC):
     def bytes_per_example(self, data_config: Any) -> int:
         """Estimated bytes of one record, for sizing shards."""
 
-    # --------------------------------------------------------------- feature spec, manifest
     @abc.abstractmethod
     def feature_spec(self, data_config: Any) -> dict:
         """JSON description of an example: written into the manifest, compared at start-up."""
 
     def manifest_fields(
-        self, data_config: Any, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]
+        self, stats: dict, data_config: Any, artifacts: dict[str, bytes], vocabularies: dict[str, list[str]]
     ) -> dict:
-        """Task facts for manifest.json (e.g. image_size; the tokenizer's file and sha256; the
-        category names)."""
+        """Task facts for manifest.json from the summed statistics of `encode` and `pack` (e.g.
+        image_size; the tokenizer's file and sha256; the class names, from `vocabularies` as
+        `encode` gets them)."""
         return {}
 
-    # --------------------------------------------------------------- input parsing (tf.data)
-    def check_manifest(self, manifest: dict, data_config: Any, data_dir: str) -> None:
+    # --------------------------------------------------------------- input
+    def check_manifest(self, manifest: Manifest, data_config: Any, data_dir: str) -> None:
         """Raises UserError when the shards do not fit the config (size, tokenizer, ...); by default
         any shards with the task's `feature_spec` do."""
         return None
 
     @abc.abstractmethod
-    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
         """A batch of serialized examples -> (features, targets), with static shapes.
         `training` is True for the train split: the place for random augmentation, which runs here,
         on the host, inside the input pipeline's parallel map; False gives deterministic features."""
 
     @abc.abstractmethod
-    def padding_record(self, manifest: dict) -> bytes:
+    def padding_record(self, manifest: Manifest) -> bytes:
         """One valid serialized example, used with weight 0 to pad evaluation."""
 
     @abc.abstractmethod
-    def synthetic_batch(self, batch_size: int, manifest: dict):
+    def synthetic_batch(self, batch_size: int, manifest: Manifest):
         """(features, targets) of random data shaped like a parsed batch (benchmarks)."""
 
-    def describe_data(self, manifest: dict) -> str:
+    def describe_data(self, manifest: Manifest) -> str:
         """A few words on the examples, e.g. '4 classes, 32px images' (for the start-up line)."""
         return ""
 
     # --------------------------------------------------------------- model
     @abc.abstractmethod
-    def build_model(self, model_config: Any, manifest: dict):
-        """A Keras model from parsed features to what `loss` compares with the targets; its
+    def build_model(self, model_config: Any, manifest: Manifest):
+        """A Keras model from parsed features to what `build_loss`'s loss compares with the targets; its
         outputs are float32 (under mixed bfloat16, cast the last layer's output)."""
 
     def output_layers(self, model) -> list[str]:
@@ -325,36 +376,39 @@ class Task(abc.ABC):
         return list(model.output_names)
 
     # --------------------------------------------------------------- objective
-    def loss(self, objective_config: Any, manifest: dict):
+    def build_loss(self, objective_config: Any, manifest: Manifest):
         """The Keras loss training minimises (from the model's float32 outputs). Its `call(targets,
         outputs)` gives one value per example: evaluation weights those to count every real example
-        once and reports their mean as `loss`. Required unless the task has a `step_loss`."""
-        raise NotImplementedError(f"task {self.name} has neither loss nor step_loss")
+        once and reports their mean as `loss`. Required unless the task has a `build_step_loss`."""
+        raise NotImplementedError(f"task {self.name} has neither build_loss nor build_step_loss")
 
-    def step_loss(self, objective_config: Any, manifest: dict) -> Callable | None:
+    def build_step_loss(self, objective_config: Any, manifest: Manifest) -> Callable | None:
         """The task's own training step, when a mean of per-example losses is not its objective: None
-        (the default) trains on `loss`; otherwise a function `(features, targets, outputs, weights)`
-        that returns the loss of the step's batch (a scalar), or a dict of scalars whose 'loss' is
-        minimised and whose other entries, named in `loss_terms`, are reported beside it.
+        (the default) trains on `build_loss`; otherwise a function `(model, features, targets, outputs,
+        weights)` that returns the loss of the step's batch (a scalar), or a dict of scalars whose
+        'loss' is minimised and whose other entries, named in `loss_terms`, are reported beside it.
 
-        It sees the whole batch and every output of the model (a dict of outputs: several losses
-        with their weights, an auxiliary loss), and runs in the replica context, once per replica per
-        step, in training (`weights` None) and in evaluation (`weights` 1 for real examples, 0 for the
-        padding that keeps the last batches' shapes static: honour it). `core.model.gather(tensor)`
-        gives every replica's rows, the global batch, for a batch-level loss (in-batch negatives),
-        and `replica_offset(tensor)` where this replica's rows begin in it; see gather for its cost.
-        Return the loss of the global batch (or this replica's estimate of it): the core adds the
-        layers' regularisation, divides by the number of replicas, whose gradients are summed, and
-        reports the mean over the real examples. Gradient accumulation, steps_per_execution, the NaN
-        guard and the best checkpoint work as with `loss`; `make parity` says whether N replicas
-        train as one device does."""
+        `model` is the Keras model being trained or evaluated: a weight of the objective (a CRF's
+        transition matrix) is an ordinary trainable weight of one of its layers, which the function
+        reads (`model.get_layer(name).weights`), so it is trained, checkpointed and exported with the
+        model. It sees the whole batch and every output of the model (a dict of outputs: several
+        losses with their weights, an auxiliary loss), and runs in the replica context, once per
+        replica per step, in training (`weights` None) and in evaluation (`weights` 1 for real
+        examples, 0 for the padding that keeps the last batches' shapes static: honour it).
+        `core.model.gather(tensor)` gives every replica's rows, the global batch, for a batch-level
+        loss (in-batch negatives), and `replica_offset(tensor)` where this replica's rows begin in it;
+        see gather for its cost. Return the loss of the global batch (or this replica's estimate of
+        it): the core adds the layers' regularisation, divides by the number of replicas, whose
+        gradients are summed, and reports the mean over the real examples. Gradient accumulation,
+        steps_per_execution, the NaN guard and the best checkpoint work as with `build_loss`; `make
+        parity` says whether N replicas train as one device does."""
         return None
 
     loss_terms: tuple[str, ...] = ()
-    """The names of `step_loss`'s entries besides 'loss' (e.g. ('contrastive', 'auxiliary')):
+    """The names of the step loss's entries besides 'loss' (e.g. ('contrastive', 'auxiliary')):
     reported in the training log, evaluation, TensorBoard and metrics.json."""
 
-    def metrics(self, objective_config: Any, manifest: dict) -> list:
+    def build_metrics(self, objective_config: Any, manifest: Manifest) -> list:
         """Keras metrics reported in training logs, evaluation, TensorBoard and metrics.json under
         their names (weighted like the loss). New instances on every call, made here without a
         dtype: the core calls this under the float32 policy, so every metric keeps float32 state
@@ -362,17 +416,23 @@ class Task(abc.ABC):
         mixed_bfloat16 on several replicas); a metric made with another policy is refused."""
         return []
 
-    def split_metrics(self, objective_config: Any, manifest: dict) -> dict[str, Callable]:
+    split_metric_names: tuple[str, ...] = ()
+    """The names of the metrics `split_metrics` returns, in the order they are reported; none (the
+    default) skips the whole-split pass."""
+
+    def split_metrics(self, model, outputs, targets, objective_config: Any, manifest: Manifest) -> dict[str, float]:
         """Metrics of the whole eval split that no streaming Keras metric can compute (recall@k over
-        every candidate, mean average precision, a corpus-level score): {name: function(outputs,
-        targets) -> float}, where outputs and targets are the model's outputs and the targets of
-        every eval example exactly once (numpy arrays, or dicts of them as the model and parse_batch
-        give them; the padding removed), computed on the host after each evaluation. Reported like
-        any other metric and usable as `headline_metric`. Costs one more pass over the eval split
-        (and its outputs in host memory); none when empty, the default."""
+        every candidate, mean average precision, a corpus-level score, span F1 after a decode):
+        {name: value} for every name in `split_metric_names`, from one call, so that one decode of
+        the split gives several numbers. `outputs` and `targets` are the model's outputs and the
+        targets of every eval example exactly once (numpy arrays, or dicts of them as the model and
+        parse_batch give them; the padding removed), and `model` the Keras model that gave them (its
+        weights, e.g. a CRF's transitions for a Viterbi decode); called on the host once after each
+        evaluation. Reported like any other metric and usable as `headline_metric`. Costs one more
+        pass over the eval split, traced once per run (and its outputs in host memory)."""
         return {}
 
-    def callbacks(self, cfg, output_dir: str) -> list:
+    def build_callbacks(self, cfg, output_dir: str) -> list:
         """Keras callbacks of the task's own, after the core's (core/callbacks.py) in the list fit
         runs: e.g. `[keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ...)]`. Keras calls
         them once per execution of `steps_per_execution` steps; the logs of an execution that
@@ -380,12 +440,12 @@ class Task(abc.ABC):
         return []
 
     headline_metric: str = "loss"
-    """The metric that judges a run: the name of one of `metrics()`, or `loss`. The best periodic
-    evaluation is kept by it, and metrics.json records it as `best_<name>`."""
+    """The metric that judges a run: the name of one of `build_metrics()` or `split_metric_names`, or
+    `loss`. The best periodic evaluation is kept by it, and metrics.json records it as `best_<name>`."""
     higher_is_better: bool = False
     """Whether a larger `headline_metric` is better (accuracy) or a smaller one (loss, error)."""
 
-    def baselines(self, train: Iterator, evaluation: Iterator, manifest: dict) -> dict[str, float]:
+    def score_baselines(self, train: Iterator, evaluation: Iterator, manifest: Manifest) -> dict[str, float]:
         """Trivial models of the data that the trained one must beat, fitted on `train` and scored on
         `evaluation` in the `headline_metric`: {name: score}, e.g. {'majority': 0.23, 'bag-of-words':
         0.97}. Both iterate once over (features, targets) numpy batches as `parse_batch` gives them
@@ -395,8 +455,8 @@ class Task(abc.ABC):
         default: a task should declare at least the one a constant prediction scores."""
         return {}
 
-    def baseline_batch(self, serialized, manifest: dict) -> tuple:
-        """What `baselines` reads of a batch of serialized records: (features, targets) tensors. By
+    def baseline_batch(self, serialized, manifest: Manifest) -> tuple:
+        """What `score_baselines` reads of a batch of serialized records: (features, targets) tensors. By
         default `parse_batch`'s, the model's own inputs; a task whose records keep more than the model
         reads (the whole of a text the model sees a window of) gives the baselines that instead, so
         they are not held to the model's cut."""
@@ -407,30 +467,34 @@ class Task(abc.ABC):
     general advice (a longer run, another learning rate), e.g. a config key that adds a simpler
     model beside the large one."""
 
-    # --------------------------------------------------------------- serving, predict
+    # --------------------------------------------------------------- serving
     @abc.abstractmethod
-    def serving_signature(self, model, manifest: dict, predict_config: Any, objective_config: Any) -> Callable:
+    def build_serving_signature(
+        self, model, predict_config: Any, objective_config: Any, manifest: Manifest
+    ) -> Callable:
         """A tf.function with an input signature: the Keras `model`'s inputs -> a dict of named
         outputs. `predict_config` and `objective_config` are the config's `predict:` and
         `objective:` sections (e.g. how many tokens to generate; the threshold a multi-label task
         was trained and evaluated with)."""
 
-    def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
+    def export_assets(self, manifest: Manifest, data_dir: str) -> dict[str, bytes]:
         """Files that `predict` needs beside the SavedModel (e.g. the tokenizer), by name."""
         return {}
 
     @abc.abstractmethod
-    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
+    def predict_inputs(self, inputs: Sequence[str], manifest: Manifest, export_dir: str) -> tuple[list[str], Any]:
         """(a name per example, the batch for the serving signature) from `make predict INPUT=...`;
-        raises UserError for an input that cannot be read."""
+        raises UserError for an input that cannot be read. The batch is an array, or a dict of
+        arrays by the signature's input names."""
 
     @abc.abstractmethod
-    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
-        """What `make predict` prints for each example, from the serving signature's outputs (numpy
-        arrays): an ordered {field: value} per example, e.g. {'label': 'cat', 'probability': 0.93}.
-        Floats print with 3 decimals."""
+    def predictions(self, inputs: Any, outputs: dict, manifest: Manifest, export_dir: str) -> list[dict]:
+        """What `make predict` prints for each example: an ordered {field: value} per example, e.g.
+        {'label': 'cat', 'probability': 0.93}, from `inputs`, the batch `predict_inputs` returned (what
+        the serving signature was called with: the tokens a tagger labels, the prompt a generator
+        continues), and the signature's `outputs` (numpy arrays). Floats print with 3 decimals."""
 
-    # --------------------------------------------------------------- sample data, tests
+    # --------------------------------------------------------------- sample data
     @abc.abstractmethod
     def write_sample_data(self, output: Path, seed: int = 0, small: bool = False) -> str:
         """Writes the generated sample raw data (no download); returns a one-line summary.

@@ -278,15 +278,14 @@ class Trainer:
         self, start, restored, ready, report, writer, progress, profile_window, preemption
     ) -> list[keras.callbacks.Callback]:
         """Between executions, in the order they act (callbacks.py says what each does), then the
-        task's own (`Task.callbacks`)."""
+        task's own (`Task.build_callbacks`)."""
         cfg, task, manifest, step = ready.cfg, self.task, start.manifest, restored.initial_step
         output_dir, names = cfg.runtime.output_dir, metric_names(cfg, task, start.manifest)
         monitor, mode = self.monitor()
 
         def utilisation() -> utilisation_lib.Utilisation:
             """The step's model FLOPs (traced from the model, core/memory.py) against the chip's peak."""
-            flops = utilisation_lib.flops_per_step(restored.model, cfg, start.target)
-            return utilisation_lib.Utilisation(flops, start.target, cfg.runtime.mixed_precision, cfg.runtime.cache_dir)
+            return utilisation_lib.of_model(restored.model, cfg, start.target)
 
         chosen = [
             callbacks.FirstExecution(step, self.clock, report),
@@ -322,7 +321,7 @@ class Trainer:
                     report,
                 )
             )
-        return [*chosen, *task.callbacks(cfg, output_dir)]
+        return [*chosen, *task.build_callbacks(cfg, output_dir)]
 
     def stop_preempted(self, cfg, restored: Restored, report: callbacks.Report, progress: goodput.StartRecord):
         """The checkpoint is saved (callbacks.Preemption): records this start and raises Preempted."""
@@ -388,11 +387,7 @@ class Trainer:
             throughput = start.record.examples_per_second or 0.0
         metrics.update(examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
         if report.utilisation is not None and throughput > 0:
-            steps_per_second = throughput / cfg.effective_batch_size
-            metrics["tflops_per_chip"] = round(report.utilisation.tflops_per_chip(steps_per_second), 4)
-            mfu = report.utilisation.mfu(steps_per_second)
-            if mfu is not None:
-                metrics["model_flops_utilization"] = round(mfu, 4)
+            metrics.update(report.utilisation.metrics(throughput / cfg.effective_batch_size))
         if report.save_seconds:
             metrics["checkpoint_save_seconds"] = round(max(report.save_seconds), 3)
         if restored.remaining > 0:  # a start that only evaluates measures no training step

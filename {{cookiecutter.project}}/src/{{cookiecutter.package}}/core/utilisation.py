@@ -1,5 +1,7 @@
 """Model FLOPs utilisation: the training step's model FLOPs (counted once from the traced step,
-core/memory.py) per second and chip, against the chip's peak.
+core/memory.py) per second and chip, against the chip's peak. Where the count misses something
+(a loop whose length is known only when it runs), the step lines and metrics.json say what
+instead of showing a rate.
 
 The peak of a TPU chip is its page's bfloat16 figure (topology.CHIPS), for the generation of the
 VM's TPU_ACCELERATOR_TYPE (else the project's TPU type). A CPU has no published
@@ -11,6 +13,7 @@ counts the whole host as one chip). A GPU's utilisation is not shown: no peak is
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -79,16 +82,25 @@ def _read(path: str) -> dict:
         return {}
 
 
-def flops_per_step(model, cfg, target: Target) -> float:
-    """Model FLOPs of one optimizer step, what the log's TFLOP/s and MFU divide: 3 x the matrix
-    multiplies of the forward pass per example (core/memory.py), times the examples of an update
-    (the global batch times `train.gradient_accumulation_steps`).
+def step_flops(model, cfg, target: Target) -> tuple[float, tuple[str, ...]]:
+    """(model FLOPs of one optimizer step, what could not be counted). The FLOPs are what the log's
+    TFLOP/s and MFU divide: 3 x the matrix multiplies of the forward pass per example
+    (core/memory.py; a loop's body, such as an LSTM's step, times the loop's length), times the
+    examples of an update (the global batch times `train.gradient_accumulation_steps`).
 
-    Counted from the model's inference call: the multiplies of a task's `step_loss` (e.g. a dual
+    Counted from the model's inference call: the multiplies of a task's step loss (e.g. a dual
     encoder's in-batch similarity) and of its loss are not counted, nor is the forward pass that
-    `model.remat` computes again (hardware FLOPs, not model FLOPs)."""
+    `model.remat` computes again (hardware FLOPs, not model FLOPs). What could not be counted
+    names where (a loop whose length is known only when it runs, e.g. over a sequence of unknown
+    length): with it the count is too low to show."""
     per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
-    return 3 * memory.forward_flops(model, per_replica) / per_replica * cfg.effective_batch_size
+    forward = memory.count_forward(model, per_replica)
+    return 3 * forward.counted / per_replica * cfg.effective_batch_size, forward.unknown
+
+
+def flops_per_step(model, cfg, target: Target) -> float:
+    """`step_flops`' count (too low where it names something it could not count)."""
+    return step_flops(model, cfg, target)[0]
 
 
 def chips(target: Target) -> int:
@@ -115,22 +127,70 @@ def peak_per_chip(target: Target, precision: str, configured_cache_dir: str) -> 
 
 
 class Utilisation:
-    """TFLOP/s per chip and model FLOPs utilisation of a rate of training steps."""
+    """TFLOP/s per chip and model FLOPs utilisation of a rate of training steps; neither where the
+    model's FLOPs are `unknown` (what could not be counted, each naming where)."""
 
-    def __init__(self, flops_per_step: float, target: Target, precision: str, configured_cache_dir: str):
-        self.flops_per_step, self.chips = flops_per_step, chips(target)
+    def __init__(
+        self,
+        flops_per_step: float,
+        target: Target,
+        precision: str,
+        configured_cache_dir: str,
+        unknown: tuple[str, ...] = (),
+    ):
+        self.flops_per_step, self.chips, self.unknown = flops_per_step, chips(target), tuple(unknown)
         self.peak, self.peak_source = peak_per_chip(target, precision, configured_cache_dir)
 
-    def tflops_per_chip(self, steps_per_second: float) -> float:
+    def tflops_per_chip(self, steps_per_second: float) -> float | None:
+        if self.unknown:
+            return None
         return self.flops_per_step * steps_per_second / self.chips / 1e12
 
     def mfu(self, steps_per_second: float) -> float | None:
-        if not self.peak:
+        if not self.peak or self.unknown:
             return None
         return self.flops_per_step * steps_per_second / self.chips / self.peak
 
     def describe(self) -> str:
-        flops = f"model FLOPs {self.flops_per_step / 1e9:.2f} GFLOP per step"
+        """The line after the first execution: the step's model FLOPs and what they are set against."""
+        if self.unknown:
+            return f"model FLOPs unknown: {'; '.join(self.unknown)}; no TFLOP/s or utilisation"
+        flops = f"model FLOPs {figure(self.flops_per_step / 1e9, 2)} GFLOP per step"
         if self.peak:
             return f"{flops}; utilisation (MFU) against {self.peak / 1e12:.2f} TFLOP/s per chip, {self.peak_source}"
         return f"{flops}; no utilisation: {self.peak_source}"
+
+    def describe_rate(self, steps_per_second: float) -> str:
+        """A step line's part: TFLOP/s per chip and MFU at the rate, or why there are none."""
+        tflops = self.tflops_per_chip(steps_per_second)
+        if tflops is None:
+            return f"model FLOPs unknown: {'; '.join(self.unknown)}"
+        mfu = self.mfu(steps_per_second)
+        return f"{figure(tflops):>7} TFLOP/s/chip" + (f"  MFU {mfu:6.1%}" if mfu is not None else "")
+
+    def metrics(self, steps_per_second: float) -> dict:
+        """For the run's metrics.json: `tflops_per_chip` and `model_flops_utilization` (where a peak
+        is known) at the rate, to 4 significant digits, or `model_flops_unknown` saying what could
+        not be counted."""
+        if self.unknown:
+            return {"model_flops_unknown": "; ".join(self.unknown)}
+        found = {"tflops_per_chip": float(f"{self.tflops_per_chip(steps_per_second):.4g}")}
+        mfu = self.mfu(steps_per_second)
+        if mfu is not None:
+            found["model_flops_utilization"] = float(f"{mfu:.4g}")
+        return found
+
+
+def of_model(model, cfg, target: Target) -> Utilisation:
+    """The utilisation of training `model` as `cfg` does on `target` (the step's FLOPs counted from
+    the traced model, `step_flops`)."""
+    flops, unknown = step_flops(model, cfg, target)
+    return Utilisation(flops, target, cfg.runtime.mixed_precision, cfg.runtime.cache_dir, unknown)
+
+
+def figure(value: float, decimals: int = 3) -> str:
+    """`value` with `decimals` decimals, more for a small one (4 significant digits): a small
+    model's TFLOP/s on a CPU reads 0.0004712, not 0.000."""
+    if value and math.isfinite(value) and abs(value) < 1:
+        decimals = max(decimals, 3 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"

@@ -1,7 +1,8 @@
 """What the classification tasks share: their objective and what they serve.
 
 - targets: category names from the raw input (a folder name, a `label` field); preprocessing
-  collects them, and the manifest keeps `label_names` and `num_classes`
+  collects them (the `label` vocabulary, with counts), and the manifest keeps `label_names` and
+  `num_classes`; a label is encoded as its index in the sorted names
 - objective: softmax cross-entropy on float32 logits, with `objective.label_smoothing`; `accuracy`
   is the headline, higher is better
 - serving: `probabilities` and `class`; `make predict` prints the label and its probability
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
 
-from ..core.task import Task
+from ..core.task import Manifest, RawExample, Task
 
 
 @dataclass
@@ -49,31 +49,43 @@ def cross_entropy(label_smoothing: float, num_classes: int):
     return SmoothedCrossEntropy(name="smoothed_cross_entropy")
 
 
+LABEL = "label"
+"""The vocabulary of the class names (`vocabularies`): the manifest's `vocabularies.label` counts them."""
+
+
 class ClassificationTask(Task):
-    categorical_targets = True
     objective_config = ClassificationObjectiveConfig
     headline_metric = "accuracy"
     higher_is_better = True
 
-    def manifest_fields(self, data_config, artifacts, stats, categories: Sequence[str]) -> dict:
-        return {"label_names": list(categories), "num_classes": len(categories)}
+    def vocabularies(self, example: RawExample) -> dict[str, list[str]]:
+        return {LABEL: [example.target]}
 
-    def describe_data(self, manifest: dict) -> str:
+    def manifest_fields(self, stats, data_config, artifacts, vocabularies: dict[str, list[str]]) -> dict:
+        names = vocabularies.get(LABEL, [])
+        return {"label_names": list(names), "num_classes": len(names)}
+
+    @staticmethod
+    def label_index(example: RawExample, vocabularies: dict[str, list[str]]) -> int:
+        """The id `encode` writes for the example's label: its index in the sorted class names."""
+        return vocabularies[LABEL].index(example.target)
+
+    def describe_data(self, manifest: Manifest) -> str:
         return f"{manifest['num_classes']} classes"
 
-    def loss(self, objective_config: ClassificationObjectiveConfig, manifest: dict):
+    def build_loss(self, objective_config: ClassificationObjectiveConfig, manifest: Manifest):
         return cross_entropy(objective_config.label_smoothing, manifest["num_classes"])
 
-    def metrics(self, objective_config, manifest: dict) -> list:
+    def build_metrics(self, objective_config, manifest: Manifest) -> list:
         from ..core.keras import keras
 
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
-    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+    def score_baselines(self, train, evaluation, manifest: Manifest) -> dict[str, float]:
         """The majority class alone; a task adds a linear model of its inputs (`linear_baselines`)."""
         return linear_baselines(train, evaluation, manifest["num_classes"])
 
-    def random_targets(self, batch_size: int, manifest: dict):
+    def random_targets(self, batch_size: int, manifest: Manifest):
         import tensorflow as tf
 
         return tf.random.uniform([batch_size], maxval=manifest["num_classes"], dtype=tf.int32)
@@ -89,10 +101,10 @@ class ClassificationTask(Task):
             "class": tf.argmax(logits, axis=-1, output_type=tf.int32),
         }
 
-    def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
+    def export_assets(self, manifest: Manifest, data_dir: str) -> dict[str, bytes]:
         return {"labels.json": json.dumps(manifest["label_names"]).encode()}
 
-    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
+    def predictions(self, inputs, outputs: dict, manifest: Manifest, export_dir: str) -> list[dict]:
         names, probabilities = manifest["label_names"], outputs["probabilities"]
         return [
             {"label": names[index], "probability": float(probabilities[row, index])}

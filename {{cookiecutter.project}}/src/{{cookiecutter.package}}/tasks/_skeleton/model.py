@@ -2,8 +2,9 @@
 replace `build_model` with your network).
 
 The rest of the project needs a Keras model that takes what `parse_batch` returns as features and
-returns float32 outputs of the shape `loss` expects. TPU notes: Dense layers run on the MXU, which
-multiplies 128x128 tiles, so widths that are multiples of 128 avoid padding (configs/tpu.yaml).
+returns float32 outputs of the shape `build_loss`'s loss expects. TPU notes: Dense layers run on the
+MXU, which multiplies 128x128 tiles, so widths that are multiples of 128 avoid padding
+(configs/tpu.yaml).
 Under mixed_bfloat16 the layers compute in bfloat16 with float32 variables; the output layer here
 computes in float32 for a stable loss.
 """
@@ -14,6 +15,7 @@ import numpy as np
 
 from ...core import recompute
 from ...core.keras import keras
+from ...core.task import Manifest
 
 layers = keras.layers
 
@@ -28,7 +30,7 @@ def _unit(x, layer, remat: bool):
     return recompute.Recomputed(unit, name=f"{layer.name}_recomputed")(x)
 
 
-def build_model(hidden: list[int], manifest: dict, remat: bool = False) -> keras.Model:
+def build_model(hidden: list[int], manifest: Manifest, remat: bool = False) -> keras.Model:
     """features [batch, num_features] float32 -> prediction [batch, 1] float32. Standardises each
     feature and the target with the train split's statistics (from the manifest), so the raw
     numbers are what the model is served."""

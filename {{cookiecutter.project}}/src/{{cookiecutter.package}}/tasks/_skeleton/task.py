@@ -5,10 +5,10 @@ objective (mean squared error) and the sample data. Everything the core calls is
 order the data flows; README.md beside this file is the checklist.
 
     raw input       RAW/*.csv: a header row, numeric feature columns and a `target` column
-    preprocessing   read_raw (rows, rejections) -> fit (train-split statistics) -> encode
+    preprocessing   read_raw (rows, rejections) -> fit_encoding (train-split statistics) -> encode
     input           parse_batch: features float32 [batch, num_features], targets float32 [batch, 1]
     model           model.py
-    objective       loss, metrics, headline_metric, higher_is_better, baselines
+    objective       build_loss, build_metrics, headline_metric, higher_is_better, score_baselines
     serving         features -> {"prediction"}; predict reads CSV rows like the raw input
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from ...core import config as config_lib
 from ...core.errors import UserError
-from ...core.task import Listing, RawExample, RawRejection, Rejected, Task, Testing, files_under
+from ...core.task import Listing, Manifest, RawExample, RawRejection, Rejected, Task, Testing, files_under
 
 TARGET_COLUMN = "target"
 STATISTICS_FILE = "statistics.json"
@@ -121,9 +121,9 @@ class NewTask(Task):
             features = [value for index, value in enumerate(values) if index != target_at]
             yield RawExample(source, values[target_at], {"features": features, "target": values[target_at]})
 
-    # The standardisation statistics come from the train split: a task that defines `fit` has
-    # preprocessing run it (leave it out when encoding needs nothing learned).
-    def fit(self, train_payloads: Sequence[Any], data_config: DataConfig, workdir: str) -> dict[str, bytes]:
+    # The standardisation statistics come from the train split: a task that defines `fit_encoding`
+    # has preprocessing run it (leave it out when encoding needs nothing learned).
+    def fit_encoding(self, train_payloads: Sequence[Any], data_config: DataConfig, workdir: str) -> dict[str, bytes]:
         rows = [payload for payload in train_payloads if len(payload["features"]) == data_config.num_features]
         if len(rows) < 2:
             raise UserError(
@@ -140,10 +140,12 @@ class NewTask(Task):
         }
         return {STATISTICS_FILE: json.dumps(statistics, indent=2).encode()}
 
-    def fit_sample_size(self, data_config: DataConfig) -> int:
+    def encoding_sample_size(self, data_config: DataConfig) -> int:
         return data_config.statistics_sample
 
-    def encode(self, example: RawExample, categories, data_config: DataConfig, artifacts) -> tuple[bytes, dict]:
+    # A task whose examples name categories (a class, a tag per token) returns them from `vocabularies`
+    # ({"label": [example.target]}); `encode` then gets each field's sorted names and writes a name's index.
+    def encode(self, example: RawExample, data_config: DataConfig, vocabularies, artifacts) -> tuple[bytes, dict]:
         import tensorflow as tf
 
         features = example.payload["features"]
@@ -162,14 +164,14 @@ class NewTask(Task):
     def feature_spec(self, data_config: DataConfig) -> dict:
         return {"version": 1, "features": ["float32", data_config.num_features], "target": ["float32", 1]}
 
-    def manifest_fields(self, data_config: DataConfig, artifacts, stats, categories) -> dict:
+    def manifest_fields(self, stats, data_config: DataConfig, artifacts, vocabularies) -> dict:
         return {"num_features": data_config.num_features, "statistics": json.loads(artifacts[STATISTICS_FILE])}
 
     def bytes_per_example(self, data_config: DataConfig) -> int:
         return data_config.num_features * 4 + 48
 
     # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data_config: DataConfig, data_dir: str) -> None:
+    def check_manifest(self, manifest: Manifest, data_config: DataConfig, data_dir: str) -> None:
         if manifest.get("num_features") != data_config.num_features:
             raise UserError(
                 f"data.num_features={data_config.num_features} but the shards in {data_dir} hold "
@@ -177,7 +179,7 @@ class NewTask(Task):
                 "or re-run `make preprocess`"
             )
 
-    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
         import tensorflow as tf
 
         parsed = tf.io.parse_example(
@@ -189,21 +191,21 @@ class NewTask(Task):
         )
         return parsed["features"], parsed["target"]
 
-    def padding_record(self, manifest: dict) -> bytes:
+    def padding_record(self, manifest: Manifest) -> bytes:
         payload = {"features": [0.0] * manifest["num_features"], "target": 0.0}
         example = RawExample("padding", 0.0, payload)
-        return self.encode(example, [], self.data_config(num_features=manifest["num_features"]), {})[0]
+        return self.encode(example, self.data_config(num_features=manifest["num_features"]), {}, {})[0]
 
-    def synthetic_batch(self, batch_size: int, manifest: dict):
+    def synthetic_batch(self, batch_size: int, manifest: Manifest):
         import tensorflow as tf
 
         return tf.random.normal([batch_size, manifest["num_features"]]), tf.random.normal([batch_size, 1])
 
-    def describe_data(self, manifest: dict) -> str:
+    def describe_data(self, manifest: Manifest) -> str:
         return f"{manifest['num_features']} numeric features, one numeric target"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model_config: ModelConfig, manifest: dict):
+    def build_model(self, model_config: ModelConfig, manifest: Manifest):
         from .model import build_model  # imports TensorFlow: not needed to read a config
 
         return build_model(model_config.hidden, manifest, remat=model_config.remat)
@@ -213,15 +215,15 @@ class NewTask(Task):
         return ["output", "target"]
 
     # --------------------------------------------------------------- objective (TOY)
-    def loss(self, objective_config, manifest: dict):
+    def build_loss(self, objective_config, manifest: Manifest):
         from ...core.keras import keras
 
         return keras.losses.MeanSquaredError()
 
-    def metrics(self, objective_config, manifest: dict) -> list:
+    def build_metrics(self, objective_config, manifest: Manifest) -> list:
         return []
 
-    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+    def score_baselines(self, train, evaluation, manifest: Manifest) -> dict[str, float]:
         """TOY: the eval mean squared error of always predicting the train targets' mean, what a model
         that ignored the features would score (the headline is the loss). Add a linear model of the
         features, or whatever a simple rule of your data would score: the model must beat the best."""
@@ -234,7 +236,7 @@ class NewTask(Task):
         return {"train_mean": squared / seen} if seen else {}
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
+    def build_serving_signature(self, model, predict_config, objective_config, manifest: Manifest):
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, manifest["num_features"]], tf.float32, name="features")
@@ -245,7 +247,7 @@ class NewTask(Task):
 
         return serve
 
-    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict):
+    def predict_inputs(self, inputs: Sequence[str], manifest: Manifest, export_dir: str):
         import tensorflow as tf
 
         names, rows = [], []
@@ -266,7 +268,7 @@ class NewTask(Task):
             raise UserError(f"INPUT {', '.join(inputs)} holds no rows; write a header and one row per example")
         return names, np.array(rows, np.float32)
 
-    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
+    def predictions(self, inputs, outputs: dict, manifest: Manifest, export_dir: str) -> list[dict]:
         return [{"prediction": float(value)} for value in outputs["prediction"]]
 
     # --------------------------------------------------------------- the rest
@@ -296,7 +298,7 @@ class NewTask(Task):
             rejected=2,
             mismatch="data.num_features=3",
             predict_inputs=_clean_rows,
-            fit_sample="data.statistics_sample=5",
+            encoding_sample="data.statistics_sample=5",
         )
 
 

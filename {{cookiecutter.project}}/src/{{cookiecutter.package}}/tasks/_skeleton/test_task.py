@@ -28,7 +28,7 @@ def test_csv_rows_become_examples_and_broken_rows_are_rejected():
 
 def test_standardisation_statistics_come_from_the_train_rows():
     rows = [{"features": [float(i), 2.0 * i], "target": 10.0 + i} for i in range(5)]
-    statistics = json.loads(TASK.fit(rows, DataConfig(num_features=2), "unused")["statistics.json"])
+    statistics = json.loads(TASK.fit_encoding(rows, DataConfig(num_features=2), "unused")["statistics.json"])
     np.testing.assert_allclose(statistics["feature_mean"], [2.0, 4.0])
     np.testing.assert_allclose(statistics["feature_std"], [np.std(range(5)), 2 * np.std(range(5))])
     assert statistics["target_mean"] == pytest.approx(12.0) and statistics["rows"] == 5
@@ -37,5 +37,5 @@ def test_standardisation_statistics_come_from_the_train_rows():
 def test_predict_reads_rows_without_a_target(tmp_path):
     path = tmp_path / "predict.csv"
     path.write_text("a,b\n1,2\n3,4\n")
-    names, batch = TASK.predict_inputs([str(path)], str(tmp_path), {"num_features": 2})
+    names, batch = TASK.predict_inputs([str(path)], {"num_features": 2}, str(tmp_path))
     assert names == ["predict.csv:2", "predict.csv:3"] and batch.tolist() == [[1.0, 2.0], [3.0, 4.0]]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...core import config as config_lib
 from ...core.errors import UserError
-from ...core.task import Listing, RawExample, RawRejection, Rejected, Testing, files_under
+from ...core.task import Listing, Manifest, RawExample, RawRejection, Rejected, Testing, files_under
 from ..classification import ClassificationTask
 from . import csv_index, features, sample_data, stem
 from .corpora import CORPORA
@@ -132,7 +132,7 @@ class ImageClassificationTask(ClassificationTask):
         else:
             yield RawExample(relative, relative.split("/", 1)[0], raw_bytes)
 
-    def encode(self, example: RawExample, categories, data_config: ImageDataConfig, artifacts) -> tuple[bytes, dict]:
+    def encode(self, example: RawExample, data_config: ImageDataConfig, vocabularies, artifacts) -> tuple[bytes, dict]:
         content = example.payload
         if isinstance(content, str):  # a CSV row: where the image is, read here on the Beam worker
             content = csv_index.read_image(content)
@@ -145,13 +145,13 @@ class ImageClassificationTask(ClassificationTask):
         except Exception as error:  # a bad file must never fail the job
             reason = features.reject_reason(error)
             raise Rejected(reason, features.reject_detail(reason, error)) from None
-        return features.encode(pixels, categories.index(example.target), data_config.image_encoding), {}
+        return features.encode(pixels, self.label_index(example, vocabularies), data_config.image_encoding), {}
 
     def feature_spec(self, data_config: ImageDataConfig) -> dict:
         return features.feature_spec(data_config.image_size, data_config.image_encoding)
 
-    def manifest_fields(self, data_config: ImageDataConfig, artifacts, stats, categories) -> dict:
-        classes = super().manifest_fields(data_config, artifacts, stats, categories)
+    def manifest_fields(self, stats, data_config: ImageDataConfig, artifacts, vocabularies) -> dict:
+        classes = super().manifest_fields(stats, data_config, artifacts, vocabularies)
         return {"image_size": data_config.image_size, "image_encoding": data_config.image_encoding, **classes}
 
     def bytes_per_example(self, data_config: ImageDataConfig) -> int:
@@ -160,7 +160,7 @@ class ImageClassificationTask(ClassificationTask):
         return (pixels if data_config.image_encoding == "raw" else pixels // JPEG_COMPRESSION) + RECORD_OVERHEAD_BYTES
 
     # --------------------------------------------------------------- input
-    def check_manifest(self, manifest: dict, data_config: ImageDataConfig, data_dir: str) -> None:
+    def check_manifest(self, manifest: Manifest, data_config: ImageDataConfig, data_dir: str) -> None:
         size = manifest.get("image_size")
         if data_config.image_size != size:
             raise UserError(
@@ -178,7 +178,7 @@ class ImageClassificationTask(ClassificationTask):
         # export's copy of the manifest then records how the model was trained).
         manifest["augmentation"] = {"min_crop_area": data_config.min_crop_area} if data_config.augment else None
 
-    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
         augmentation = manifest.get("augmentation") if training else None
         return features.parse_batch(
             serialized,
@@ -188,31 +188,31 @@ class ImageClassificationTask(ClassificationTask):
             min_crop_area=(augmentation or {}).get("min_crop_area", 1.0),
         )
 
-    def padding_record(self, manifest: dict) -> bytes:
+    def padding_record(self, manifest: Manifest) -> bytes:
         side = features.stored_side(manifest["image_size"], _encoding(manifest))
         return features.encode(np.zeros((side, side, features.CHANNELS), np.uint8), 0, _encoding(manifest))
 
-    def synthetic_batch(self, batch_size: int, manifest: dict):
+    def synthetic_batch(self, batch_size: int, manifest: Manifest):
         import tensorflow as tf
 
         size = manifest["image_size"]
         images = tf.random.uniform([batch_size, size, size, features.CHANNELS], maxval=256, dtype=tf.int32)
         return tf.cast(images, tf.uint8), self.random_targets(batch_size, manifest)
 
-    def describe_data(self, manifest: dict) -> str:
+    def describe_data(self, manifest: Manifest) -> str:
         augmentation = ", augmented" if manifest.get("augmentation") else ""
         images = f"{manifest['image_size']}px images ({_encoding(manifest)}{augmentation})"
         return f"{super().describe_data(manifest)}, {images}"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model_config: ImageModelConfig, manifest: dict):
+    def build_model(self, model_config: ImageModelConfig, manifest: Manifest):
         from .model import build_model  # imports TensorFlow: not needed to read a config
 
         print(stem.describe(model_config, manifest["image_size"]), flush=True)
         return build_model(model_config, manifest["image_size"], manifest["num_classes"])
 
     # --------------------------------------------------------------- baselines
-    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+    def score_baselines(self, train, evaluation, manifest: Manifest) -> dict[str, float]:
         """The majority class, and a linear least-squares classifier of the image averaged down to
         8x8 pixels per channel."""
         from ..classification import linear_baselines
@@ -220,7 +220,7 @@ class ImageClassificationTask(ClassificationTask):
         return linear_baselines(train, evaluation, manifest["num_classes"], pixels_8x8, "ridge", "linear-8x8-pixels")
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
+    def build_serving_signature(self, model, predict_config, objective_config, manifest: Manifest):
         import tensorflow as tf
 
         size = manifest["image_size"]
@@ -231,7 +231,7 @@ class ImageClassificationTask(ClassificationTask):
 
         return serve
 
-    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict):
+    def predict_inputs(self, inputs: Sequence[str], manifest: Manifest, export_dir: str):
         import tensorflow as tf
 
         side = features.stored_side(manifest["image_size"], _encoding(manifest))
@@ -290,7 +290,7 @@ def _one_image_per_class(raw: Path, scratch: Path) -> list[str]:
     return [str(sorted(folder.glob("*.png"))[0]) for folder in sorted(raw.iterdir()) if folder.is_dir()]
 
 
-def _encoding(manifest: dict) -> str:
+def _encoding(manifest: Manifest) -> str:
     return manifest.get("image_encoding", "raw")
 
 

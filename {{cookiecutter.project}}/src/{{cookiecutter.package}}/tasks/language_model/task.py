@@ -2,7 +2,7 @@
 that predicts each next token.
 
 raw input       RAW/**/*.txt (one document per file) or RAW/*.jsonl ({"text": ...} lines)
-preprocessing   read_raw -> fit (tokenizer.model with an end-of-document id, on the train split)
+preprocessing   read_raw -> fit_encoding (tokenizer.model with an end-of-document id, on the train split)
                 -> encode (one document) -> pack (a shard's documents -> windows of seq_len)
 input           parse_batch: {inputs, segment_ids, positions} and targets, int32 [batch, seq_len]
 model           model.py: causal attention within each packed document, float32 logits
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import UserError
-from ...core.task import Listing, RawExample, RawRejection, Task, Testing, files_under
+from ...core.task import Listing, Manifest, RawExample, RawRejection, Task, Testing, files_under
 from ..text import doctor_rules as text_rules
 from ..text import raw, tokenizer
 from ..text.config import width_fix
@@ -65,7 +65,7 @@ class LanguageModelTask(Task):
         else:
             yield from raw.read_text_file(relative, raw_bytes, None)
 
-    def fit(
+    def fit_encoding(
         self, train_payloads: Sequence[Any], data_config: LanguageModelDataConfig, workdir: str
     ) -> dict[str, bytes]:
         tokenizer_bytes = tokenizer.fit(
@@ -73,14 +73,14 @@ class LanguageModelTask(Task):
         )
         return {tokenizer.MODEL_FILE: tokenizer_bytes}
 
-    def fit_sample_size(self, data_config: LanguageModelDataConfig) -> int:
+    def encoding_sample_size(self, data_config: LanguageModelDataConfig) -> int:
         return data_config.tokenizer_sample
 
     def encode(
         self,
         example: RawExample,
-        categories: Sequence[str],
         data_config: LanguageModelDataConfig,
+        vocabularies: dict[str, list[str]],
         artifacts: dict[str, bytes],
     ) -> tuple[bytes, dict]:
         ids = tokenizer.tokenize_or_reject(artifacts[tokenizer.MODEL_FILE], example.payload)
@@ -100,7 +100,7 @@ class LanguageModelTask(Task):
         return packing.feature_spec(data_config.seq_len)
 
     def manifest_fields(
-        self, data_config: LanguageModelDataConfig, artifacts: dict[str, bytes], stats: dict, categories
+        self, stats: dict, data_config: LanguageModelDataConfig, artifacts: dict[str, bytes], vocabularies
     ) -> dict:
         model_bytes = artifacts[tokenizer.MODEL_FILE]
         pieces = tokenizer.vocab_size(model_bytes)
@@ -141,16 +141,16 @@ class LanguageModelTask(Task):
         return data_config.seq_len * 6 + 64
 
     # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data_config: LanguageModelDataConfig, data_dir: str) -> None:
+    def check_manifest(self, manifest: Manifest, data_config: LanguageModelDataConfig, data_dir: str) -> None:
         raw.check_shards(manifest, data_config, data_dir, "windows")
 
-    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
         return packing.parse_batch(serialized, manifest["seq_len"])
 
-    def padding_record(self, manifest: dict) -> bytes:
+    def padding_record(self, manifest: Manifest) -> bytes:
         return packing.padding_record(manifest["seq_len"])
 
-    def synthetic_batch(self, batch_size: int, manifest: dict):
+    def synthetic_batch(self, batch_size: int, manifest: Manifest):
         import tensorflow as tf
 
         seq_len = manifest["seq_len"]
@@ -160,7 +160,7 @@ class LanguageModelTask(Task):
         positions = tf.broadcast_to(tf.range(seq_len), [batch_size, seq_len])
         return {"inputs": ids[:, :-1], "segment_ids": ones, "positions": positions}, ids[:, 1:]
 
-    def describe_data(self, manifest: dict) -> str:
+    def describe_data(self, manifest: Manifest) -> str:
         train = manifest.get("packing", {}).get("train", {})
         return (
             f"windows of {manifest['seq_len']} tokens, vocabulary {manifest['vocab_size']}, "
@@ -168,7 +168,7 @@ class LanguageModelTask(Task):
         )
 
     # --------------------------------------------------------------- model
-    def build_model(self, model_config: LanguageModelConfig, manifest: dict):
+    def build_model(self, model_config: LanguageModelConfig, manifest: Manifest):
         from . import model as model_lib
 
         return model_lib.build_model(model_config, manifest["seq_len"], manifest["vocab_size"])
@@ -184,24 +184,24 @@ class LanguageModelTask(Task):
         return ["logits"]
 
     # --------------------------------------------------------------- objective
-    def loss(self, objective_config, manifest: dict):
+    def build_loss(self, objective_config, manifest: Manifest):
         from .objective import TokenCrossEntropy
 
         return TokenCrossEntropy()
 
-    def metrics(self, objective_config, manifest: dict) -> list:
+    def build_metrics(self, objective_config, manifest: Manifest) -> list:
         from .objective import TokenMetric
 
         return [TokenMetric("perplexity"), TokenMetric("accuracy")]
 
-    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+    def score_baselines(self, train, evaluation, manifest: Manifest) -> dict[str, float]:
         from .objective import ngram_baselines
 
         return ngram_baselines(train, evaluation, manifest["vocab_size"])
 
     # --------------------------------------------------------------- serving
-    def serving_signature(
-        self, model, manifest: dict, predict_config: LanguageModelPredictConfig, objective_config=None
+    def build_serving_signature(
+        self, model, predict_config: LanguageModelPredictConfig, objective_config, manifest: Manifest
     ):
         import tensorflow as tf
 
@@ -234,14 +234,14 @@ class LanguageModelTask(Task):
 
         return serve
 
-    def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
+    def export_assets(self, manifest: Manifest, data_dir: str) -> dict[str, bytes]:
         import tensorflow as tf
 
         name = (manifest.get("tokenizer") or {}).get("file", tokenizer.MODEL_FILE)
         with tf.io.gfile.GFile(raw.join(data_dir, name), "rb") as handle:
             return {name: handle.read()}
 
-    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
+    def predict_inputs(self, inputs: Sequence[str], manifest: Manifest, export_dir: str) -> tuple[list[str], Any]:
         import numpy as np
 
         from .generate import prompt_window
@@ -255,7 +255,7 @@ class LanguageModelTask(Task):
         }
         return [name for name, _ in lines], batch
 
-    def predictions(self, outputs: dict, export_dir: str, manifest: dict) -> list[dict]:
+    def predictions(self, inputs, outputs: dict, manifest: Manifest, export_dir: str) -> list[dict]:
         processor = tokenizer.processor(raw.exported_tokenizer(export_dir, tokenizer.MODEL_FILE))
         rows = []
         for tokens in outputs["tokens"].tolist():
@@ -297,7 +297,7 @@ class LanguageModelTask(Task):
             rejected=4,
             mismatch="data.seq_len=48",
             predict_inputs=_two_prompts,
-            fit_sample="data.tokenizer_sample=5",
+            encoding_sample="data.tokenizer_sample=5",
         )
 
 

@@ -1,11 +1,13 @@
-"""The Transformer pieces the text tasks share: the embedding table's size, the pre-LayerNorm block
-and the checks of the model keys.
+"""The Transformer pieces the text tasks share: the embedding table's size, learned absolute
+positions, the pre-LayerNorm block and the checks of the model keys.
 
 TPU notes: the embedding table has a multiple of 128 rows and the widths in configs/tpu.yaml are
 multiples of 128, because the MXU multiplies 128x128 tiles and pads anything else.
 """
 
 from __future__ import annotations
+
+import tensorflow as tf
 
 from ...core import recompute
 from ...core.errors import UserError
@@ -20,6 +22,29 @@ def embedding_rows(vocab_size: int) -> int:
     """Rows of the embedding table: the vocabulary rounded up to a multiple of 128, so that the
     table splits into whole MXU tiles (the extra rows are never looked up)."""
     return -(-vocab_size // EMBEDDING_ROW_MULTIPLE) * EMBEDDING_ROW_MULTIPLE
+
+
+class PositionEmbedding(layers.Layer):
+    """Adds a learned vector per position to [batch, seq_len, width] inputs (absolute positions, one
+    sequence per row; a model of packed documents looks its positions up in an `Embedding` instead)."""
+
+    def __init__(self, seq_len: int, width: int, **kwargs):
+        super().__init__(**kwargs)
+        self.seq_len, self.width = seq_len, width
+
+    def build(self, input_shape):
+        # Named like Embedding's table, so that rules keyed on "embeddings" (no weight decay) cover it.
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=[self.seq_len, self.width],
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+        )
+
+    def call(self, inputs):
+        return inputs + tf.cast(self.embeddings, inputs.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "seq_len": self.seq_len, "width": self.width}
 
 
 class MultiHeadAttention(layers.MultiHeadAttention):

@@ -12,7 +12,7 @@ import posixpath
 from collections.abc import Iterator, Sequence
 
 from ...core.errors import UserError
-from ...core.task import RawExample, RawRejection
+from ...core.task import Manifest, RawExample, RawRejection
 
 TEXT_SUFFIX = ".txt"
 JSONL_SUFFIX = ".jsonl"
@@ -88,7 +88,7 @@ def read_jsonl(relative: str, raw_bytes: bytes, target_field: str | None) -> Ite
         yield RawExample(source, record[target_field] if target_field else None, record["text"])
 
 
-def check_shards(manifest: dict, data_config, data_dir: str, sequences: str) -> None:
+def check_shards(manifest: Manifest, data_config, data_dir: str, sequences: str) -> None:
     """The text tasks' check that the shards fit the config: the same `data.seq_len` (each record
     holds `sequences` of that many tokens) and the tokenizer they were written with."""
     from .tokenizer import MODEL_FILE
@@ -102,7 +102,7 @@ def check_shards(manifest: dict, data_config, data_dir: str, sequences: str) -> 
     read_tokenizer(data_dir, manifest, MODEL_FILE)
 
 
-def read_tokenizer(data_dir: str, manifest: dict, model_file: str) -> bytes:
+def read_tokenizer(data_dir: str, manifest: Manifest, model_file: str) -> bytes:
     """The tokenizer the shards were written with, checked against the manifest's sha256; a missing
     or replaced file is a one-line UserError."""
     import tensorflow as tf

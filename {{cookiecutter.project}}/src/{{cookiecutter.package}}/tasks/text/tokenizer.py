@@ -1,8 +1,9 @@
 """The SentencePiece tokenizer of the text tasks: trained in the Beam job on the train split, loaded
 once per process, and the facts the manifest records about it.
 
-Preprocessing trains a unigram model on the train split (`fit`) and writes it beside the shards as
-`tokenizer.model`; the same file is exported with the SavedModel and `predict` tokenizes with it.
+Preprocessing trains a unigram model on the train split (`fit`, called by the tasks' `fit_encoding`)
+and writes it beside the shards as `tokenizer.model`; the same file is exported with the SavedModel
+and `predict` tokenizes with it.
 The manifest holds its sha256, so training refuses shards whose tokenizer was replaced.
 
 Id 0 is padding and id 1 the unknown piece. With `end_of_document` the model also reserves id 2

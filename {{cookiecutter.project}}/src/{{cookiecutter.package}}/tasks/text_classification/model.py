@@ -23,9 +23,8 @@ import tensorflow as tf
 
 from ...core.keras import keras
 from .config import ClassifierModelConfig
-from ..text.layers import check, embedding_rows, transformer_block
+from ..text.layers import PositionEmbedding, check, embedding_rows, transformer_block
 from . import tokenizer
-from .layers import PositionEmbedding
 
 layers = keras.layers
 

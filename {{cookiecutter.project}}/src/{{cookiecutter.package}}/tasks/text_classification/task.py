@@ -1,8 +1,8 @@
 """Text classification: RAW texts -> SentencePiece ids -> a Transformer encoder -> a label per text.
 
 raw input       RAW/<label>/<name>.txt (one text per file) or RAW/*.jsonl ({"text", "label"} lines)
-preprocessing   read_raw -> fit (tokenizer.model, trained on the train split) -> encode (the window's
-                ids, cut by data.truncation, and the bag of every piece of the whole text)
+preprocessing   read_raw -> fit_encoding (tokenizer.model, trained on the train split) -> encode (the
+                window's ids, cut by data.truncation, and the bag of every piece of the whole text)
 input           parse_batch: ids padded to exactly [batch, data.seq_len], int32
 baselines       the majority class and naive Bayes on the bag of the whole text (parse_bag)
 model           model.py: a pre-LayerNorm Transformer encoder, masked pooling, an optional bag of
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import UserError
-from ...core.task import Listing, RawExample, RawRejection, Testing, files_under
+from ...core.task import Listing, Manifest, RawExample, RawRejection, Testing, files_under
 from ..classification import ClassificationTask
 from ..text import raw
 from . import doctor_rules, sample_data, tokenizer
@@ -57,19 +57,21 @@ class TextClassificationTask(ClassificationTask):
         else:
             yield from raw.read_text_file(relative, raw_bytes, relative.split("/", 1)[0])
 
-    def fit(self, train_payloads: Sequence[Any], data_config: ClassifierDataConfig, workdir: str) -> dict[str, bytes]:
+    def fit_encoding(
+        self, train_payloads: Sequence[Any], data_config: ClassifierDataConfig, workdir: str
+    ) -> dict[str, bytes]:
         return {
             tokenizer.MODEL_FILE: tokenizer.fit(train_payloads, data_config.vocab_size, data_config.tokenizer_sample)
         }
 
-    def fit_sample_size(self, data_config: ClassifierDataConfig) -> int:
+    def encoding_sample_size(self, data_config: ClassifierDataConfig) -> int:
         return data_config.tokenizer_sample
 
     def encode(
         self,
         example: RawExample,
-        categories: Sequence[str],
         data_config: ClassifierDataConfig,
+        vocabularies: dict[str, list[str]],
         artifacts: dict[str, bytes],
     ) -> tuple[bytes, dict]:
         ids = tokenizer.tokenize_or_reject(artifacts[tokenizer.MODEL_FILE], example.payload)
@@ -81,20 +83,24 @@ class TextClassificationTask(ClassificationTask):
             "kept_tokens": len(kept),
             "kept_share": len(kept) / len(ids),  # summed here, a mean over the texts in the manifest
         }
-        return tokenizer.serialize(kept, categories.index(example.target), document=ids), stats
+        return tokenizer.serialize(kept, self.label_index(example, vocabularies), document=ids), stats
 
     def feature_spec(self, data_config: ClassifierDataConfig) -> dict:
         return tokenizer.feature_spec(data_config.seq_len, data_config.truncation)
 
     def manifest_fields(
-        self, data_config: ClassifierDataConfig, artifacts: dict[str, bytes], stats: dict, categories: Sequence[str]
+        self,
+        stats: dict,
+        data_config: ClassifierDataConfig,
+        artifacts: dict[str, bytes],
+        vocabularies: dict[str, list[str]],
     ) -> dict:
         model_bytes = artifacts[tokenizer.MODEL_FILE]
         pieces = tokenizer.vocab_size(model_bytes)
         examples = stats.get("examples", 0)
         positions = examples * data_config.seq_len
         return {
-            **super().manifest_fields(data_config, artifacts, stats, categories),
+            **super().manifest_fields(stats, data_config, artifacts, vocabularies),
             "seq_len": data_config.seq_len,
             "truncation": data_config.truncation,
             "vocab_size": pieces,
@@ -121,7 +127,7 @@ class TextClassificationTask(ClassificationTask):
         return data_config.seq_len * 6 + 48
 
     # --------------------------------------------------------------- input (tf.data)
-    def check_manifest(self, manifest: dict, data_config: ClassifierDataConfig, data_dir: str) -> None:
+    def check_manifest(self, manifest: Manifest, data_config: ClassifierDataConfig, data_dir: str) -> None:
         raw.check_shards(manifest, data_config, data_dir, "sequences")
         written = manifest.get("truncation", "head")
         if written != data_config.truncation:
@@ -131,14 +137,14 @@ class TextClassificationTask(ClassificationTask):
                 f"`make preprocess ARGS=data.truncation={data_config.truncation}`"
             )
 
-    def parse_batch(self, serialized, manifest: dict, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
         return tokenizer.parse_batch(serialized, manifest["seq_len"])
 
-    def padding_record(self, manifest: dict) -> bytes:
+    def padding_record(self, manifest: Manifest) -> bytes:
         # One unknown token rather than none: every row then has a token to pool over.
         return tokenizer.serialize([tokenizer.UNK_ID], 0)
 
-    def synthetic_batch(self, batch_size: int, manifest: dict):
+    def synthetic_batch(self, batch_size: int, manifest: Manifest):
         import tensorflow as tf
 
         # Ids from 2: random text has no padding (0) and rarely unknown pieces (1).
@@ -147,16 +153,16 @@ class TextClassificationTask(ClassificationTask):
         )
         return ids, self.random_targets(batch_size, manifest)
 
-    def baseline_batch(self, serialized, manifest: dict):
+    def baseline_batch(self, serialized, manifest: Manifest):
         """What the baselines read (core/baselines.py): the bag of every piece of each whole text."""
         return tokenizer.parse_bag(serialized, manifest["vocab_size"])
 
-    def describe_data(self, manifest: dict) -> str:
+    def describe_data(self, manifest: Manifest) -> str:
         sequences = f"sequences of {manifest['seq_len']} tokens, vocabulary {manifest['vocab_size']}"
         return f"{super().describe_data(manifest)}, {sequences}{window_coverage(manifest)}"
 
     # --------------------------------------------------------------- model
-    def build_model(self, model_config: ClassifierModelConfig, manifest: dict):
+    def build_model(self, model_config: ClassifierModelConfig, manifest: Manifest):
         from . import model as model_lib
 
         return model_lib.build_model(model_config, manifest["seq_len"], manifest["vocab_size"], manifest["num_classes"])
@@ -178,7 +184,7 @@ class TextClassificationTask(ClassificationTask):
         "which learns the word counts and short phrases that carry most of the signal in a small corpus"
     )
 
-    def baselines(self, train, evaluation, manifest: dict) -> dict[str, float]:
+    def score_baselines(self, train, evaluation, manifest: Manifest) -> dict[str, float]:
         """The majority class, and a multinomial naive Bayes on the counts of every piece of each whole
         text (`baseline_batch`: not only the window the model reads, so a window that cuts off the
         signal shows as a model below naive Bayes)."""
@@ -189,7 +195,7 @@ class TextClassificationTask(ClassificationTask):
         )
 
     # --------------------------------------------------------------- serving
-    def serving_signature(self, model, manifest: dict, predict_config=None, objective_config=None):
+    def build_serving_signature(self, model, predict_config, objective_config, manifest: Manifest):
         import tensorflow as tf
 
         @tf.function(input_signature=[tf.TensorSpec([None, manifest["seq_len"]], tf.int32, name="ids")])
@@ -198,14 +204,14 @@ class TextClassificationTask(ClassificationTask):
 
         return serve
 
-    def export_assets(self, manifest: dict, data_dir: str) -> dict[str, bytes]:
+    def export_assets(self, manifest: Manifest, data_dir: str) -> dict[str, bytes]:
         import tensorflow as tf
 
         name = (manifest.get("tokenizer") or {}).get("file", tokenizer.MODEL_FILE)
         with tf.io.gfile.GFile(raw.join(data_dir, name), "rb") as handle:
             return {**super().export_assets(manifest, data_dir), name: handle.read()}
 
-    def predict_inputs(self, inputs: Sequence[str], export_dir: str, manifest: dict) -> tuple[list[str], Any]:
+    def predict_inputs(self, inputs: Sequence[str], manifest: Manifest, export_dir: str) -> tuple[list[str], Any]:
         model_bytes = raw.exported_tokenizer(export_dir, tokenizer.MODEL_FILE)
         lines = raw.input_lines(inputs, "text")
         sequences = [tokenizer.tokenize(model_bytes, line) for _, line in lines]
@@ -237,7 +243,7 @@ class TextClassificationTask(ClassificationTask):
             rejected=4,
             mismatch="data.seq_len=48",
             predict_inputs=_two_texts,
-            fit_sample="data.tokenizer_sample=5",
+            encoding_sample="data.tokenizer_sample=5",
         )
 
 
@@ -247,7 +253,7 @@ def _two_texts(raw: Path, scratch: Path) -> list[str]:
     return [str(path)]
 
 
-def window_coverage(manifest: dict) -> str:
+def window_coverage(manifest: Manifest) -> str:
     """'; the window (first 128 pieces) keeps 41% of a text's pieces on average, 87% of texts
     truncated' from the manifest's length statistics (empty without them): how much of the texts the
     model reads, where the baselines read all of them."""
