@@ -167,7 +167,7 @@ def test_a_tasks_split_metrics_come_from_one_pass_traced_once(task_name, sample,
     every name it returns (several numbers from one call) beside the streaming metrics; a training
     step's metrics leave them out. The same model on one device, over the same split, gives what it
     saw. A second evaluation of the model traces nothing again; a call that leaves out a declared
-    name is refused in one line."""
+    name, or returns one not declared, is refused in one line that names them, with the fix for each."""
     from {{ cookiecutter.package }}.core import distribute
     from {{ cookiecutter.package }}.core.errors import UserError
     from {{ cookiecutter.package }}.core.model import build_model, compile_model, metric_names, step_metric_names
@@ -222,9 +222,21 @@ def test_a_tasks_split_metrics_come_from_one_pass_traced_once(task_name, sample,
     assert metrics["split_mean_output"] == pytest.approx(float(np.mean(outputs)), rel=1e-4, abs=1e-6)
 
     monkeypatch.setattr(task, "split_metrics", lambda *args: {"split_examples": 1.0})
-    refused = r"^the task's split_metrics returned \['split_examples'\]: .*add the other names to split_metric_names$"
+    declared = r"its split_metric_names are \['split_examples', 'split_mean_output'\]: "
+    missing = r"return \['split_mean_output'\] too, or drop them from split_metric_names"
+    refused = rf"^the task's split_metrics returned \['split_examples'\], {declared}{missing}$"
     with pytest.raises(UserError, match=refused):
         evaluation.evaluate_model(model, resolved.strategy, cfg, task, manifest)
+    # A name it does not declare, alone and beside a missing one: each with its own advice.
+    unexpected = r"declare \['split_recall'\] in split_metric_names"
+    for returned, advice in (
+        ({"split_examples": 1.0, "split_mean_output": 0.5, "split_recall": 0.9}, unexpected),
+        ({"split_examples": 1.0, "split_recall": 0.9}, f"{missing}; {unexpected}"),
+    ):
+        monkeypatch.setattr(task, "split_metrics", lambda *args, returned=returned: returned)
+        shown = re.escape(str(list(returned)))
+        with pytest.raises(UserError, match=rf"^the task's split_metrics returned {shown}, {declared}{advice}$"):
+            evaluation.split_metrics(model, seen_outputs, seen_targets, cfg, task, manifest)
 
 
 def test_a_rerun_of_a_finished_run_only_evaluates_the_same(contract_run, capsys, tmp_path):
@@ -423,6 +435,101 @@ def test_a_task_missing_required_members_fails_at_load_in_one_line(tmp_path, mon
     (package / "__init__.py").write_text("")
     with pytest.raises(UserError, match=r"^task 'unfinished' \(.*__init__.py\) has no TASK: "):
         tasks.load("unfinished")
+
+
+OUTDATED = """
+from ...core.task import Task
+
+
+class Outdated(Task):
+    name = "outdated"
+    raw_format = "anything"
+
+    def metrics(self, objective_config, manifest):
+        return []
+
+
+TASK = Outdated()
+"""
+
+
+def test_a_task_written_to_the_first_edition_fails_at_load_in_one_line(tmp_path, monkeypatch):
+    """A task package that defines `metrics`, the first edition's name of `build_metrics`, which the core
+    would silently never call: loading it is one UserError naming the old member, the new one with its
+    parameters, and the task's file (before the members it then lacks)."""
+    package = tmp_path / "outdated"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .task import TASK  # noqa: F401\n")
+    (package / "task.py").write_text(OUTDATED)
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    for module in (f"{tasks.__name__}.outdated", f"{tasks.__name__}.outdated.task"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(UserError) as raised:
+        tasks.load("outdated")
+    assert str(raised.value) == (
+        f"task 'outdated' ({package / 'task.py'}) defines members the core no longer calls: metrics is now "
+        f"build_metrics(objective_config, manifest); see Task in src/{tasks.__name__.split('.')[0]}/core/task.py "
+        "for what each must return"
+    )
+
+
+def test_every_first_edition_member_is_refused_with_what_it_became():
+    """Each renamed member of the first edition, defined by a task (or by a class it inherits from), is
+    refused with its new name and parameters; a first-edition task is told too of the members it
+    defines whose parameters changed order. A `split_metrics` without `split_metric_names` would never
+    be called: refused; with them it is not."""
+    renamed = {
+        "fit": "fit_encoding(train_payloads, data_config, workdir)",
+        "fit_sample_size": "encoding_sample_size(data_config)",
+        "categorical_targets": "vocabularies(example)",
+        "loss": "build_loss(objective_config, manifest)",
+        "step_loss": "build_step_loss(objective_config, manifest), whose function takes the model first",
+        "metrics": "build_metrics(objective_config, manifest)",
+        "callbacks": "build_callbacks(cfg, output_dir)",
+        "baselines": "score_baselines(train, evaluation, manifest)",
+        "serving_signature": "build_serving_signature(model, predict_config, objective_config, manifest)",
+    }
+    for old, new in renamed.items():
+        member = True if old == "categorical_targets" else lambda self, *args: None
+        base = type("Base", (Task,), {old: member, "__module__": __name__})
+        with pytest.raises(task_lib.OutdatedTask) as raised:
+            type("Old", (base,), {"__module__": tasks.__name__})()  # in another file than the member
+        assert f" {old} is now {new}" in str(raised.value) and "\n" not in str(raised.value), old
+        assert raised.value.missing == [new.split("(")[0]] and new.split("(")[0] in vars(Task)
+        assert raised.value.task_file == __file__
+
+    class FirstEdition(Task):
+        categorical_targets = True
+
+        def encode(self, example, categories, data_config, artifacts):
+            return b"", {}
+
+        def serving_signature(self, model, manifest, predict_config, objective_config):
+            return None
+
+        def predictions(self, outputs, export_dir, manifest):
+            return []
+
+    with pytest.raises(task_lib.OutdatedTask) as raised:
+        FirstEdition()
+    assert raised.value.problem == (
+        "defines members the core no longer calls: categorical_targets is now vocabularies(example), the "
+        "category names the example holds by field (e.g. {'label': [example.target]}); serving_signature is "
+        "now build_serving_signature(model, predict_config, objective_config, manifest); these keep their "
+        "names, with their parameters now in this order: encode(example, data_config, vocabularies, "
+        "artifacts), predictions(inputs, outputs, manifest, export_dir)"
+    )
+
+    class Unnamed(Task):
+        def split_metrics(self, model, outputs, targets, objective_config, manifest):
+            return {"recall": 1.0}
+
+    with pytest.raises(task_lib.OutdatedTask, match=r"split_metrics is never called while split_metric_names is "):
+        Unnamed()
+    Unnamed.split_metric_names = ("recall",)
+    with pytest.raises(task_lib.IncompleteTask) as raised:  # the required members it lacks: nothing else
+        Unnamed()
+    assert not isinstance(raised.value, task_lib.OutdatedTask)
 
 
 @pytest.mark.parametrize(

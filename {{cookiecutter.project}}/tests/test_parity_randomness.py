@@ -1,7 +1,9 @@
 """make parity on a model that draws random numbers in training: a noise layer of the model's own (no
 Keras Dropout, so parity cannot switch it off) makes one device differ from itself, and parity says so
-and names the layer instead of comparing the curves; the same model without it agrees. Small classifiers
-on random features, the suite's 8-replica strategy against one CPU device, float32."""
+and names the layer instead of comparing the curves; so does one whose noise is seeded by a counter it
+keeps in a non-trainable weight. The same model without it agrees, and so does a recurrent model with
+the dropout of its (Bidirectional) LSTM's cells and of an attention layer, which parity switches off.
+Small classifiers on random features, the suite's 8-replica strategy against one CPU device, float32."""
 
 from __future__ import annotations
 
@@ -46,13 +48,43 @@ class Jitter(keras.layers.Layer):
         return inputs + self.scale * noise
 
 
+class CountedNoise(keras.layers.Layer):
+    """Adds uniform noise of +-`scale` to its inputs in training, from a stateless op seeded by a
+    counter that it keeps in a non-trainable weight and advances at every step: no random op in the
+    traced step, and a new draw at every step all the same."""
+
+    def __init__(self, scale: float, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def build(self, input_shape):
+        self.count = self.add_weight(
+            name="count",
+            shape=(),
+            dtype="int64",
+            initializer="zeros",
+            trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+
+    def call(self, inputs, training=None):
+        if not training:
+            return inputs
+        count = tf.convert_to_tensor(self.count.assign_add(1))
+        noise = tf.random.stateless_uniform(tf.shape(inputs), tf.stack([count, tf.zeros_like(count)]), -1.0, 1.0)
+        return inputs + self.scale * noise
+
+
 def classifier(draw: str | None):
     """A 4-way classifier with Keras' own noise layers, which parity switches off, and (`draw`) a
-    Jitter, which it cannot."""
+    Jitter or (`counter`) a CountedNoise, which it cannot."""
 
     def make():
         inputs = keras.Input((8,), name="features")
-        x = Jitter(0.0002, draw, name="jitter")(inputs) if draw else inputs
+        if draw == "counter":
+            x = CountedNoise(0.0002, name="counted_noise")(inputs)
+        else:
+            x = Jitter(0.0002, draw, name="jitter")(inputs) if draw else inputs
         x = keras.layers.GaussianNoise(0.1, name="gaussian_noise")(x)
         x = keras.layers.Dense(16, activation="relu", name="hidden")(x)
         x = keras.layers.Dropout(0.3, name="dropout")(x)
@@ -105,3 +137,43 @@ def test_the_same_model_without_it_repeats_itself_and_agrees(strategy, batches):
     assert "noise floor: the same 3 steps again on one device from the same weights: largest difference 0.0e+00" in (
         line.split(" (")[0] for line in report
     )
+
+
+def test_noise_seeded_by_a_non_trainable_counter_is_caught(strategy, batches):
+    # The replay restores the trainable weights and the optimizer's state, not the counter: the same
+    # steps again draw other numbers, though no op of the traced step is a random one.
+    curves = parity.compare(classifier("counter"), batches, one_device(), strategy)
+    assert curves.draws_random_numbers, curves
+    assert curves.random_layers == []
+    (first, cause) = verdict(curves)
+    assert first.startswith("verdict: none: the model draws random numbers in training")
+    assert "Drawn in: no random op under a layer's name in the traced step" in cause
+    assert "seed stateless random ops from a variable they update" in cause
+
+
+def recurrent():
+    """A 4-way classifier of the features read as a sequence of 4 steps: self-attention with dropout,
+    then a Bidirectional LSTM with dropout and recurrent_dropout (one cell each way)."""
+    inputs = keras.Input((8,), name="features")
+    steps = keras.layers.Reshape((4, 2))(inputs)
+    attended = keras.layers.Attention(dropout=0.3, name="attention")([steps, steps])
+    lstm = keras.layers.LSTM(8, dropout=0.3, recurrent_dropout=0.3, name="lstm")
+    x = keras.layers.Bidirectional(lstm, name="bidirectional")(keras.layers.Concatenate()([steps, attended]))
+    model = keras.Model({"features": inputs}, keras.layers.Dense(4, name="logits")(x))
+    assert parity.dropout_off(model) == 3  # the attention and the LSTM's cell each way
+    bidirectional = model.get_layer("bidirectional")
+    for way in (bidirectional.forward_layer, bidirectional.backward_layer):
+        assert way.dropout == way.recurrent_dropout == 0.0  # read from its cell
+    assert model.get_layer("attention").dropout == 0.0
+    model.compile(keras.optimizers.Adam(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_recurrent_model_with_dropout_in_its_cells_and_attention_repeats_itself_and_agrees(strategy, batches):
+    curves = parity.compare(recurrent, batches, one_device(), strategy)
+    assert curves.replayed == curves.one_device and curves.noise == 0.0, curves
+    assert not curves.draws_random_numbers and curves.random_layers == []
+    assert curves.parting_step is None and curves.causes() == [], curves
+    assert curves.one_device[-1] < curves.one_device[0]  # it trained
+    (line,) = verdict(curves)
+    assert line.startswith("verdict: agree: 8 replicas train as one device does")

@@ -409,19 +409,41 @@ def test_each_vocabulary_is_counted_over_the_whole_input_and_handed_to_encode(tm
 
 
 def test_a_category_name_that_is_not_a_string_is_refused():
-    """A task whose `vocabularies` gives a number (a tag id, a class index) stops preprocessing in one
-    line naming the task, the field, the example and what a name must be."""
+    """A task whose `vocabularies` gives a number (a tag id, a class index), or one string where a list of
+    names belongs (`{'domain': example.payload['domain']}`, which would count each character), fails
+    preprocessing with a TypeError whose message is one line naming the task, the field, the example
+    and the fix (under the traceback Beam logs for an error in its workers). A name of a subclass of
+    str (numpy's) is counted as the plain string."""
+    import numpy as np
 
     class Numbered(TaggedLines):
         def vocabularies(self, example):
             return {"tags": [0 for _ in example.target]}
 
+    class Unlisted(TaggedLines):
+        def vocabularies(self, example):
+            return {"tags": example.target, "domain": example.payload["domain"]}
+
+    class NumpyNames(TaggedLines):
+        def vocabularies(self, example):
+            return {"tags": list(np.array(example.target))}
+
     example = RawExample("a.tags:3", ["O"], {"words": ["x"], "domain": "news"})
     assert list(preprocessing.vocabulary_entries(TaggedLines(), example)) == [("tags", "O"), ("domain", "news")]
+    [(field, name)] = preprocessing.vocabulary_entries(NumpyNames(), example)
+    assert (field, name, type(name)) == ("tags", "O", str)
     with pytest.raises(TypeError) as raised:
         list(preprocessing.vocabulary_entries(Numbered(), example))
     message = str(raised.value)
     assert "\n" not in message and all(part in message for part in ("tagged_lines", "'tags'", "a.tags:3", "strings"))
+    for domain in ("news", b"news"):
+        unlisted = RawExample("a.tags:3", ["O"], {"words": ["x"], "domain": domain})
+        with pytest.raises(TypeError) as raised:
+            list(preprocessing.vocabulary_entries(Unlisted(), unlisted))
+        assert str(raised.value) == (
+            f"task tagged_lines: vocabularies() gave field 'domain' of a.tags:3 as one {type(domain).__name__}, "
+            "not a list of names; give a list of names, e.g. [example.target]"
+        )
 
 
 def test_the_start_line_names_the_input_it_reads(raw_dir, tmp_path, capsys):

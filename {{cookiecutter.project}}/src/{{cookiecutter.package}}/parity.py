@@ -4,17 +4,20 @@
 
 The Cloud TPU troubleshooting guide's check for an accuracy drop on many cores: the same initial
 weights train the same `--steps` global batches (read once from the train split) on one device and
-on every replica of the run's strategy, in float32 with dropout and Keras' noise layers off (their
-random numbers differ per device), and the losses are compared step by step.
+on every replica of the run's strategy, in float32 with dropout off (Keras' Dropout and noise layers,
+the dropout of its recurrent cells and dense attention layers: their random numbers differ per
+device), and the losses are compared step by step.
 
 The comparison means something only if the one-device run repeats itself: parity trains the same
-steps again on the same model, from the same weights and optimizer state (the same traced step, whose
-random generators carry on). A deterministic model repeats its losses to float32 rounding (`ROUNDING`);
-one that draws random numbers in training that parity cannot switch off (a noise layer of the task's
-own that is no Keras Dropout, sampling in the loss) does not, and its two curves differ by chance as
-well: parity then names the layers whose traced step draws random numbers, says how to switch them
-off, gives no verdict on the replicas and exits with 1. Otherwise it prints where the curves part and
-why:
+steps again on the same model, from the same trainable weights and optimizer state (the same traced
+step, whose random generators carry on, and so does any other state the model keeps in non-trainable
+weights: a counter that seeds its noise). A deterministic model repeats its losses to float32
+rounding (`ROUNDING`); on a GPU parity turns on TensorFlow's op determinism for that (kernels that
+sum in another order each run would move them further). A model that draws random numbers in
+training that parity cannot switch off (a noise layer of the task's own that is no Keras Dropout,
+sampling in the loss) does not repeat them, and its two curves differ by chance as well: parity then
+names the layers whose traced step draws random numbers, says how to switch them off, gives no
+verdict on the replicas and exits with 1. Otherwise it prints where the curves part and why:
 
 - the same weights give another loss on the same batch in inference mode: the objective depends on
   how the batch is split (a batch-level loss, e.g. in-batch negatives, computed on each replica's
@@ -33,8 +36,8 @@ and N replicas is the split of each batch, which it does not change.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-
 import logging
 import re
 import sys
@@ -53,20 +56,30 @@ from .core.model import build_model, compile_model
 
 # How far a deterministic step may move its loss when run again from the same weights on the same batch.
 # On a CPU or a TPU, not at all: the same traced step repeats bit for bit (each task of this project:
-# 0.0). On a GPU some kernels (atomic adds in reductions and scatters) sum in another order each run,
-# and a sum in another order differs by a few float32 roundings (each at most 2^-24 of the value;
-# epsilon is 2^-23). 4 epsilons (4.8e-7) leaves them that room: even a whole other summation order, one
-# device against 8 replicas, stays within 2e-7 over 6 steps for each task here, while random numbers of
-# any use move a loss by 1e-5 or more (a 10% word dropout on a tagger: 6e-4).
+# 0.0). On a GPU some kernels (atomic adds in reductions and scatters, cuDNN's convolution gradients)
+# sum in another order each run, by default; a sum in another order differs by a few float32 roundings
+# (each at most 2^-24 of the value; epsilon is 2^-23), which an optimizer like Adam can amplify past
+# this bound within a few steps, so on a GPU parity runs with TensorFlow's op determinism on
+# (`deterministic_gpu`) and the step repeats as on a CPU. 4 epsilons (4.8e-7) leaves room for rounding
+# all the same: even a whole other summation order, one device against 8 replicas, stays within 2e-7
+# over 6 steps for each task here, while random numbers of any use move a loss by 1e-5 or more (a 10%
+# word dropout on a tagger: 6e-4).
 ROUNDING = 4 * float(np.finfo(np.float32).eps)
 
-# The layers parity knows to draw random numbers in training, and the attribute that switches each off
-# (Dropout's subclasses, e.g. SpatialDropout2D, included).
+# The layers parity knows to draw random numbers in training, and the attributes that switch each off
+# (subclasses included: SpatialDropout2D is a Dropout). The recurrent cells draw the masks of their
+# `dropout` and `recurrent_dropout`; the LSTM, GRU and SimpleRNN layers read both from their `cell`
+# (a Bidirectional wrapper holds one such layer each way), so switching the cell off switches the layer.
 NOISE_LAYERS = (
-    (keras.layers.Dropout, "rate"),
-    (keras.layers.GaussianDropout, "rate"),
-    (keras.layers.AlphaDropout, "rate"),
-    (keras.layers.GaussianNoise, "stddev"),
+    (keras.layers.Dropout, ("rate",)),
+    (keras.layers.GaussianDropout, ("rate",)),
+    (keras.layers.AlphaDropout, ("rate",)),
+    (keras.layers.GaussianNoise, ("stddev",)),
+    (keras.layers.LSTMCell, ("dropout", "recurrent_dropout")),
+    (keras.layers.GRUCell, ("dropout", "recurrent_dropout")),
+    (keras.layers.SimpleRNNCell, ("dropout", "recurrent_dropout")),
+    (keras.layers.Attention, ("dropout",)),
+    (keras.layers.AdditiveAttention, ("dropout",)),
 )
 
 # The ops of a traced step that draw random numbers: stateful random ops (a new draw at every run),
@@ -119,9 +132,11 @@ class Curves:
     initial: list = field(default_factory=list, repr=False)
     """The initial weights both sides started from."""
     replayed: list[float] = field(default_factory=list)
-    """The one-device losses of the same steps again, from the same weights and optimizer state."""
+    """The one-device losses of the same steps again, from the same trainable weights and optimizer state."""
     random_layers: list[str] = field(default_factory=list)
     """Where the one-device step draws random numbers, 'layer (op types)' each (found when it does)."""
+    op_determinism: bool = False
+    """Whether TensorFlow's op determinism was on (`main` turns it on on a GPU: `deterministic_gpu`)."""
 
     @staticmethod
     def relative(a: float, b: float) -> float:
@@ -144,18 +159,20 @@ class Curves:
         where = (
             ", ".join(self.random_layers)
             if self.random_layers
-            else "no random op under a layer's name in the traced step (look in the task's loss and in layers "
-            "that keep their own random state)"
+            else "no random op under a layer's name in the traced step (look in the task's loss, and in layers "
+            "that keep their own random state or seed stateless random ops from a variable they update)"
         )
         return (
             f"random numbers in training: the same {len(self.replayed)} steps again on one device, from the same "
-            f"weights on the same batches, give other losses (up to {self.noise:.1e} apart; float32 rounding stays "
-            f"within {ROUNDING:.1e}), so the one-device and {self.replicas}-replica curves differ by chance too. "
-            f"Drawn in: {where}. Parity sets the rate of every keras.layers.Dropout (its subclasses included), "
-            "GaussianDropout and AlphaDropout, and the stddev of every GaussianNoise, to 0 in both runs; make each "
-            "layer of the model's own that draws a keras.layers.Dropout subclass whose call draws nothing when its "
-            "rate is 0 (Dropout.call returns its inputs then), or make it deterministic. Drawing only when "
-            "`training` is true is not enough: parity compares training steps"
+            f"trainable weights on the same batches, give other losses (up to {self.noise:.1e} apart; float32 "
+            f"rounding stays within {ROUNDING:.1e}), so the one-device and {self.replicas}-replica curves differ by "
+            f"chance too. Drawn in: {where}. Parity sets the rate of every keras.layers.Dropout (its subclasses "
+            "included), GaussianDropout and AlphaDropout, the stddev of every GaussianNoise, the dropout and "
+            "recurrent_dropout of every LSTM, GRU and SimpleRNN cell and the dropout of every Attention and "
+            "AdditiveAttention to 0 in both runs; make each layer of the model's own that draws a "
+            "keras.layers.Dropout subclass whose call draws nothing when its rate is 0 (Dropout.call returns its "
+            "inputs then), give a stock layer's dropout 0 for this run (dotted.key=value), or make it deterministic. "
+            "Drawing only when `training` is true is not enough: parity compares training steps"
         )
 
     @property
@@ -221,10 +238,17 @@ class Curves:
         )
 
 
+def layers_of(model) -> list:
+    """`model` and every layer in it, nested ones included (the cells of recurrent layers, each way of
+    a Bidirectional), as Keras itself walks them: `model.submodules` fails on a model whose LSTM has
+    a recurrent_dropout (it cannot sort the keys of the layer's cache of dropout masks)."""
+    return list(model._flatten_layers())
+
+
 def synchronise_norms(model) -> None:
     """Makes every BatchNormalization compute its batch statistics over all replicas (before the
     step is traced; the variables stay the same)."""
-    for layer in model.submodules:
+    for layer in layers_of(model):
         if isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False):
             layer.synchronized, layer.fused = True, False
 
@@ -238,31 +262,68 @@ def single_device(target) -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy(tf.config.list_logical_devices("CPU")[0].name)
 
 
+def switched_off(layer) -> bool:
+    """Whether `layer` is one of NOISE_LAYERS with every attribute that switches it on at 0."""
+    return any(
+        isinstance(layer, kind) and not any(getattr(layer, attribute) for attribute in attributes)
+        for kind, attributes in NOISE_LAYERS
+    )
+
+
+def deterministic_gpu(target, seed: int) -> bool:
+    """On a GPU (`target.kind`), turns on TensorFlow's op determinism for the rest of the process,
+    with the seeds set to `seed` (its random ops refuse to run unseeded then); returns whether it
+    did. Call it before any model is built: by default some GPU kernels (atomic adds in reductions,
+    scatters and cuDNN's convolution gradients) sum in another order each run, and the one-device
+    replay would differ from the first run without any random number. On a CPU or a TPU the step
+    repeats as it is: nothing changes there."""
+    if target.kind != "gpu":
+        return False
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+    return True
+
+
+@contextlib.contextmanager
+def deterministic_kernels(on: bool):
+    """Turns the refusal of an op that has no deterministic GPU kernel (op determinism `on`) into a
+    one-line error."""
+    try:
+        yield
+    except tf.errors.UnimplementedError as error:
+        if not on or "determinis" not in error.message.lower():
+            raise
+        raise UserError(
+            "on a GPU parity runs with TensorFlow's op determinism on (else kernels that sum in another order each "
+            "run make one device differ from itself), and an op of this model has no deterministic GPU kernel: "
+            f"{error.message.strip().splitlines()[0].rstrip('.')}; run parity on the CPU instead (runtime.strategy=cpu "
+            "runtime.cpu_devices=8)"
+        ) from None
+
+
 def dropout_off(model) -> int:
-    """Switches off every layer of NOISE_LAYERS (before the step is traced): sets its rate, or
-    GaussianNoise's stddev, to 0; returns how many were on."""
+    """Switches off every layer of NOISE_LAYERS in `model` (before the step is traced): sets its
+    rate, GaussianNoise's stddev, a recurrent cell's dropout and recurrent_dropout (the cells of
+    LSTM, GRU and SimpleRNN layers, Bidirectional or not, are among `layers_of(model)`) or an
+    attention layer's dropout to 0; returns how many were on."""
     found = 0
-    for layer in [model, *model.submodules]:
-        for kind, attribute in NOISE_LAYERS:
-            if isinstance(layer, kind) and getattr(layer, attribute):
+    for layer in layers_of(model):
+        for kind, attributes in NOISE_LAYERS:
+            on = [attribute for attribute in attributes if getattr(layer, attribute)] if isinstance(layer, kind) else []
+            for attribute in on:
                 setattr(layer, attribute, 0.0)
-                found += 1
+            found += bool(on)
     return found
 
 
 def random_layers(model) -> list[str]:
     """Where `model`'s traced training step draws random numbers (RANDOM_OPS): 'layer (op types)' for
     the innermost layer whose name scope holds each such op, or the op's name outside any layer. Left
-    out: the layers `dropout_off` switched off (GaussianNoise still draws, and adds 0 times it), and
-    recomputed blocks, whose draw only seeds their Dropout masks."""
-    layers = [layer for layer in [model, *model.submodules] if isinstance(layer, keras.layers.Layer)]
+    out: the layers `dropout_off` switched off (GaussianNoise still draws, and adds 0 times it; the
+    others draw nothing at 0), and recomputed blocks, whose draw only seeds their Dropout masks."""
+    layers = layers_of(model)
     names = {layer.name for layer in layers}
-    switched_off = {
-        layer.name
-        for layer in layers
-        if isinstance(layer, recompute.Recomputed)
-        or any(isinstance(layer, kind) and not getattr(layer, attribute) for kind, attribute in NOISE_LAYERS)
-    }
+    left_out = {layer.name for layer in layers if isinstance(layer, recompute.Recomputed) or switched_off(layer)}
     # Naming only: the traced functions are read through a private method that may change.
     traced = getattr(model.train_function, "_list_all_concrete_functions", lambda: [])()
     found: dict[str, set[str]] = {}
@@ -274,7 +335,7 @@ def random_layers(model) -> list[str]:
             # A name scope entered twice in one graph gets _1, _2, ...: a layer called twice.
             scopes = [scope if scope in names else re.sub(r"_\d+$", "", scope) for scope in node.name.split("/")[:-1]]
             layer = next((scope for scope in reversed(scopes) if scope in names), None)
-            if layer in switched_off:
+            if layer in left_out:
                 continue
             if layer is None:
                 where = f"outside the layers: {node.name}"
@@ -288,25 +349,27 @@ def unsynchronised_norms(model) -> list[str]:
     """The names of the BatchNormalization layers that normalise per replica."""
     return [
         layer.name
-        for layer in model.submodules
+        for layer in layers_of(model)
         if isinstance(layer, keras.layers.BatchNormalization) and not getattr(layer, "synchronized", False)
     ]
 
 
-def start(make_model: Callable, strategy, initial: list) -> tuple[object, list]:
-    """(`make_model()` under `strategy` with `initial` weights, the initial values of its optimizer's
-    variables, made here rather than in the first step so that `replay` can restore them)."""
+def start(make_model: Callable, strategy, initial: list) -> tuple[object, list, list]:
+    """(`make_model()` under `strategy` with `initial` weights, the initial values of its trainable
+    weights, those of its optimizer's variables, made here rather than in the first step so that
+    `replay` can restore them)."""
     with strategy.scope():
         model = make_model()
         model.set_weights(initial)
         model.optimizer.build(model.trainable_variables)
-    return model, [variable.numpy() for variable in model.optimizer.variables]
+    trainable = [variable.numpy() for variable in model.trainable_weights]
+    return model, trainable, [variable.numpy() for variable in model.optimizer.variables]
 
 
 def train_curve(make_model: Callable, strategy, initial: list, batches: list) -> tuple[list[float], float, object]:
     """(the loss of each batch trained in order, the inference loss of the first batch before any update,
     the model) from `initial` weights under `strategy`."""
-    model, _ = start(make_model, strategy, initial)
+    model, _, _ = start(make_model, strategy, initial)
     return (*curve(model, batches), model)
 
 
@@ -317,12 +380,16 @@ def curve(model, batches: list) -> tuple[list[float], float]:
     return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in batches], inference
 
 
-def replay(model, initial: list, optimizer_start: list, batches: list) -> list[float]:
-    """The training losses of `batches` again on a trained `model`, its weights and optimizer state
-    reset to `initial` and `optimizer_start`: the same traced step on the same numbers, while the
-    state of its random ops and generators carries on. Repeats the first losses unless the step
-    draws random numbers."""
-    model.set_weights(initial)
+def replay(model, trainable_start: list, optimizer_start: list, batches: list) -> list[float]:
+    """The training losses of `batches` again on a trained `model`, its trainable weights and
+    optimizer state reset to `trainable_start` and `optimizer_start` (from `start`): the same traced
+    step on the same numbers, while the state of its random ops and generators carries on, and so
+    does the rest of the model's state, its non-trainable weights: restored, a counter that seeds
+    stateless noise would replay the same draws. Training-mode losses read no other non-trainable
+    weight (BatchNormalization normalises by the batch's own statistics, not its moving ones).
+    Repeats the first losses unless the step draws random numbers."""
+    for variable, value in zip(model.trainable_weights, trainable_start):
+        variable.assign(value)
     for variable, value in zip(model.optimizer.variables, optimizer_start):
         variable.assign(value)
     return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in batches]
@@ -336,9 +403,9 @@ def compare(make_model: Callable, batches: list, one, replicated, tolerance: flo
     with one.scope():
         reference = make_model()
     initial = reference.get_weights()
-    model, optimizer_start = start(make_model, one, initial)
+    model, trainable_start, optimizer_start = start(make_model, one, initial)
     one_losses, one_inference = curve(model, batches)
-    replayed = replay(model, initial, optimizer_start, batches)
+    replayed = replay(model, trainable_start, optimizer_start, batches)
     losses, inference, _ = train_curve(make_model, replicated, initial, batches)
     curves = Curves(
         replicated.num_replicas_in_sync,
@@ -381,7 +448,8 @@ def report(curves: Curves, synchronised: Curves | None, mixed: list[float] | Non
     if curves.replayed:
         lines.append(
             f"noise floor: the same {len(curves.replayed)} steps again on one device from the same weights: largest "
-            f"difference {curves.noise:.1e} (float32 rounding: within {ROUNDING:.1e})"
+            f"difference {curves.noise:.1e} (float32 rounding: within {ROUNDING:.1e}"
+            + ("; TensorFlow's op determinism on: GPU kernels sum in one order)" if curves.op_determinism else ")")
         )
     if curves.draws_random_numbers:
         lines.append("verdict: none: the model draws random numbers in training, so the curves differ by chance:")
@@ -427,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runtime.cpu_devices=8 (the local configs' default)"
         )
     target.per_replica_batch_size(cfg.train.global_batch_size)
+    determinism = deterministic_gpu(target, cfg.runtime.seed)
     manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
     chosen = precision.choose(cfg.runtime.mixed_precision, target.kind).precision
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, gradient_accumulation_steps=1))
@@ -444,10 +513,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     precision.set_policy("float32")
-    curves = compare(make_model, batches, single_device(target), target.strategy, args.tolerance)
+    with deterministic_kernels(determinism):
+        curves = compare(make_model, batches, single_device(target), target.strategy, args.tolerance)
+    curves.op_determinism = determinism
     if off[0]:
         print(
-            f"dropout off in both runs ({off[0]} Dropout and noise layers): their random numbers differ per device",
+            f"dropout off in both runs ({off[0]} Dropout, noise, recurrent-cell and attention layers): their random "
+            "numbers differ per device",
             flush=True,
         )
     synchronised = None
@@ -458,12 +530,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             synchronise_norms(model)
             return model
 
-        synchronised = compare(make_synchronised, batches, single_device(target), target.strategy, args.tolerance)
+        with deterministic_kernels(determinism):
+            synchronised = compare(make_synchronised, batches, single_device(target), target.strategy, args.tolerance)
     mixed = None
     # The run's own precision, from the same weights on one device (random numbers would hide its effect).
     if chosen == "bfloat16" and not curves.draws_random_numbers:
         precision.set_policy("bfloat16")
-        mixed, _, _ = train_curve(make_model, single_device(target), curves.initial, batches)
+        with deterministic_kernels(determinism):
+            mixed, _, _ = train_curve(make_model, single_device(target), curves.initial, batches)
     for line in report(curves, synchronised, mixed, chosen):
         print(line, flush=True)
     if curves.draws_random_numbers:

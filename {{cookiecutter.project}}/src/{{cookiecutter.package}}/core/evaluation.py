@@ -80,11 +80,20 @@ def split_metrics(model, outputs, targets, cfg: config_lib.Config, task, manifes
     """The task's whole-split metrics from one call, checked to be the names it declares."""
     found = task.split_metrics(model, outputs, targets, cfg.objective, manifest)
     names = task.split_metric_names
-    if not isinstance(found, dict) or set(found) != set(names):
+    if not isinstance(found, dict):
         raise UserError(
-            f"the task's split_metrics returned {sorted(found) if isinstance(found, dict) else type(found).__name__}: "
-            f"it returns a dict of every name in the task's split_metric_names ({list(names)}) and no other; "
-            "add the other names to split_metric_names"
+            f"the task's split_metrics returned a {type(found).__name__}: return a dict of a value for every name in "
+            f"its split_metric_names ({list(names)})"
+        )
+    missing, unexpected = [name for name in names if name not in found], [name for name in found if name not in names]
+    if missing or unexpected:
+        advice = [
+            *([f"return {missing} too, or drop them from split_metric_names"] if missing else []),
+            *([f"declare {unexpected} in split_metric_names"] if unexpected else []),
+        ]
+        raise UserError(
+            f"the task's split_metrics returned {list(found)}, its split_metric_names are {list(names)}: "
+            f"{'; '.join(advice)}"
         )
     return {name: found[name] for name in names}
 

@@ -166,13 +166,18 @@ class EncodeExamples(beam.DoFn):
 def vocabulary_entries(task, example) -> Iterator[tuple[str, str]]:
     """(field, name) for each category name `example` holds, as the task's `vocabularies` gives them."""
     for field, names in task.vocabularies(example).items():
+        if isinstance(names, (str, bytes)):  # would count each of its characters as a name
+            raise TypeError(
+                f"task {task.name}: vocabularies() gave field {field!r} of {example.source} as one "
+                f"{type(names).__name__}, not a list of names; give a list of names, e.g. [example.target]"
+            )
         for name in names:
             if not isinstance(name, str):
                 raise TypeError(
                     f"task {task.name}: vocabularies() gave {name!r} ({type(name).__name__}) in field "
                     f"{field!r} of {example.source}; category names must be strings"
                 )
-            yield field, name
+            yield field, str(name)  # a subclass (numpy.str_) as the plain string the manifest writes
 
 
 def vocabulary_counts(counted: Iterable[tuple[tuple[str, str], int]]) -> dict[str, dict[str, int]]:

@@ -40,9 +40,33 @@ batch); a task with neither is refused at load like one missing any other requir
 Parameters are named for what they hold: `data_config`, `model_config`, `objective_config` and
 `predict_config` are the config's `data:`, `model:`, `objective:` and `predict:` sections (instances of
 the task's dataclasses of the same names), `manifest` the data's manifest.json, `model` is a Keras
-model, `raw_bytes` the content of one raw file. A hook takes what it works on first, then the config
-sections, then the manifest, then the rest. A member named `build_*` returns an object the core
-uses (a loss, metrics, callbacks, a serving function); the others do the work themselves.
+model, `raw_bytes` the content of one raw file. A member takes what it works on first (an example;
+a raw file, by its path and content, or the folder `list_raw` lists; a split and its records; the
+payloads `fit_encoding` learns from; a batch, or the size of the one `synthetic_batch` makes; the
+model; the manifest `check_manifest` checks; the folder `write_sample_data` fills), then the config
+sections it reads, then the manifest, then the rest (a folder, the artifacts, the vocabularies,
+`training`). A member that makes something from the config alone (`build_model`, `build_loss`,
+`feature_spec`, `nominal_manifest`) starts with its section; `build_callbacks` takes the whole
+resolved config, `cfg`. A member named `build_*` returns an object the core uses (a loss, metrics,
+callbacks, a serving function); the others do the work themselves.
+
+From the contract's first edition (a task that still defines an old name is refused at load, in one
+line saying what each became):
+
+    fit -> fit_encoding(train_payloads, data_config, workdir)
+    fit_sample_size -> encoding_sample_size(data_config)
+    categorical_targets -> vocabularies(example), e.g. {'label': [example.target]}
+    loss -> build_loss(objective_config, manifest)
+    step_loss -> build_step_loss(objective_config, manifest), whose function takes the model first
+    metrics -> build_metrics(objective_config, manifest)
+    split_metrics -> its names in split_metric_names, all their values from one call of
+        split_metrics(model, outputs, targets, objective_config, manifest)
+    callbacks -> build_callbacks(cfg, output_dir)
+    baselines -> score_baselines(train, evaluation, manifest)
+    serving_signature -> build_serving_signature(model, predict_config, objective_config, manifest)
+    the same names, the parameters in a new order: encode(example, data_config, vocabularies, artifacts),
+        manifest_fields(stats, data_config, artifacts, vocabularies), predict_inputs(inputs, manifest,
+        export_dir), predictions(inputs, outputs, manifest, export_dir)
 
 The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
 reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
@@ -213,11 +237,70 @@ class IncompleteTask(TypeError):
     Python versions."""
 
     def __init__(self, task_class: type, missing: list[str]):
-        super().__init__(f"{task_class.__qualname__} does not implement {', '.join(missing)}")
+        self.problem = f"does not implement {', '.join(missing)}"
+        """What is wrong, as `tasks.load`'s line says it after the task's name and file."""
+        super().__init__(f"{task_class.__qualname__} {self.problem}")
         self.task_class = task_class
         self.missing = missing
         # Found now: a module whose import fails leaves sys.modules, and with it what getfile reads.
         self.task_file = inspect.getfile(task_class)
+
+
+FIRST_EDITION = {
+    "fit": "fit_encoding(train_payloads, data_config, workdir)",
+    "fit_sample_size": "encoding_sample_size(data_config)",
+    "categorical_targets": "vocabularies(example), the category names the example holds by field "
+    "(e.g. {'label': [example.target]})",
+    "loss": "build_loss(objective_config, manifest)",
+    "step_loss": "build_step_loss(objective_config, manifest), whose function takes the model first: "
+    "(model, features, targets, outputs, weights)",
+    "metrics": "build_metrics(objective_config, manifest)",
+    "callbacks": "build_callbacks(cfg, output_dir)",
+    "baselines": "score_baselines(train, evaluation, manifest)",
+    "serving_signature": "build_serving_signature(model, predict_config, objective_config, manifest)",
+}
+"""The members of the contract's first edition that this one renamed: old name -> the new member and
+its parameters. The core never calls the old names, so `Task.__new__` refuses a task that defines one."""
+
+REORDERED = {
+    "encode": "encode(example, data_config, vocabularies, artifacts)",
+    "manifest_fields": "manifest_fields(stats, data_config, artifacts, vocabularies)",
+    "predict_inputs": "predict_inputs(inputs, manifest, export_dir)",
+    "predictions": "predictions(inputs, outputs, manifest, export_dir)",
+}
+"""The members that kept their names from the first edition but take their parameters in another
+order (`categories` became `vocabularies`, a dict by field; `predictions` gets the batch first)."""
+
+
+class OutdatedTask(IncompleteTask):
+    """Raised on instantiating a `Task` subclass that defines members the core no longer calls: a
+    name of the contract's first edition (`FIRST_EDITION`), or a `split_metrics` without the
+    `split_metric_names` it returns. Reported by `tasks.load` like a missing member, in one line
+    that says what each became, with the file of the class that defines them."""
+
+    def __init__(self, task_class: type, found: list[str], defined_in: type):
+        changes = [
+            (
+                "split_metrics is never called while split_metric_names is empty: declare there the names "
+                "that split_metrics(model, outputs, targets, objective_config, manifest) returns, "
+                "all from one call as {name: value}"
+                if name == "split_metrics"
+                else f"{name} is now {FIRST_EDITION[name]}"
+            )
+            for name in found
+        ]
+        reordered = [
+            signature
+            for name, signature in REORDERED.items()
+            if set(found) & set(FIRST_EDITION) and getattr(task_class, name) is not getattr(Task, name)
+        ]
+        if reordered:
+            changes.append(f"these keep their names, with their parameters now in this order: {', '.join(reordered)}")
+        self.problem = f"defines members the core no longer calls: {'; '.join(changes)}"
+        TypeError.__init__(self, f"{task_class.__qualname__} {self.problem}")
+        self.task_class = task_class
+        self.missing = [FIRST_EDITION.get(name, "split_metric_names").split("(")[0] for name in found]
+        self.task_file = inspect.getfile(defined_in)
 
 
 class Task(abc.ABC):
@@ -228,6 +311,13 @@ class Task(abc.ABC):
     sets each as a plain class attribute (`name = "my_task"`)."""
 
     def __new__(cls, *args, **kwargs):
+        mine = [klass for klass in cls.__mro__ if klass not in (Task, abc.ABC, object)]
+        found = [name for name in FIRST_EDITION if any(name in vars(klass) for klass in mine)]
+        if cls.split_metrics is not Task.split_metrics and not cls.split_metric_names:
+            found.append("split_metrics")
+        if found:
+            defined_in = next(klass for klass in mine if found[0] in vars(klass))
+            raise OutdatedTask(cls, found, defined_in)
         missing = set(cls.__abstractmethods__)
         if cls.build_loss is Task.build_loss and cls.build_step_loss is Task.build_step_loss:
             missing.add("build_loss")  # one of the two objectives is required
@@ -299,8 +389,8 @@ class Task(abc.ABC):
 
     def vocabularies(self, example: RawExample) -> dict[str, Iterable[str]]:
         """The category names `example` holds, by field: `{'label': [example.target]}` for a
-        classifier, `{'tags': [a tag per token]}` for a tagger; several fields may be named. None by
-        default. Preprocessing collects every field's names over the whole input (train and eval,
+        classifier, `{'tags': [a tag per token]}` for a tagger; several fields may be named. No field
+        (`{}`) by default. Preprocessing collects every field's names over the whole input (train and eval,
         each example that `read_raw` gives, also one that `encode` then rejects), writes each name's
         count into the manifest (`vocabularies: {field: {name: count}}`, names sorted) and hands the
         sorted names to `encode` and `manifest_fields` (`{field: [name, ...]}`): a name's index
@@ -436,7 +526,7 @@ class Task(abc.ABC):
         """Keras callbacks of the task's own, after the core's (core/callbacks.py) in the list fit
         runs: e.g. `[keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ...)]`. Keras calls
         them once per execution of `steps_per_execution` steps; the logs of an execution that
-        evaluated hold `eval_<metric>` too. `cfg` is the resolved config. None by default."""
+        evaluated hold `eval_<metric>` too. `cfg` is the resolved config. No callbacks (`[]`) by default."""
         return []
 
     headline_metric: str = "loss"
@@ -451,8 +541,8 @@ class Task(abc.ABC):
         0.97}. Both iterate once over (features, targets) numpy batches as `parse_batch` gives them
         (without augmentation), at most core/baselines.py's TRAIN_RECORDS and EVAL_RECORDS records.
         `make preprocess` writes them into the manifest, training prints them beside every evaluation
-        and metrics.json keeps them; `make doctor` warns when a run did not beat the best. None by
-        default: a task should declare at least the one a constant prediction scores."""
+        and metrics.json keeps them; `make doctor` warns when a run did not beat the best. No baselines
+        by default: a task should declare at least the one a constant prediction scores."""
         return {}
 
     def baseline_batch(self, serialized, manifest: Manifest) -> tuple:

@@ -32,7 +32,9 @@ def load(name: str, where: str = ""):
     """The `Task` object of the task package `name`. A name that is not a task here is a one-line
     UserError (`where` says where it was named, e.g. `in configs/local.yaml`); so is a package that
     does not fulfil the contract (a required member left out, no `TASK`), naming what it lacks and
-    where, at load: not minutes later, when the core first calls what is missing."""
+    where, at load: not minutes later, when the core first calls what is missing; and so is one that
+    defines a member the core no longer calls (a name of the contract's first edition), saying what it
+    became."""
     if name not in available():
         from ..core.errors import UserError
 
@@ -53,10 +55,9 @@ def _load(name: str):
     contract = f"see Task in {_shown(Path(__file__).parent.parent / 'core' / 'task.py')}"
     try:
         module = importlib.import_module(f"{__name__}.{name}")
-    except IncompleteTask as error:
+    except IncompleteTask as error:  # a member left out, or one the core no longer calls (OutdatedTask)
         raise UserError(
-            f"task '{name}' ({_shown(error.task_file)}) does not implement {', '.join(error.missing)}; "
-            f"{contract} for what each must return"
+            f"task '{name}' ({_shown(error.task_file)}) {error.problem}; {contract} for what each must return"
         ) from None
     except ModuleNotFoundError as error:
         if error.name is None or error.name == f"{__name__}.{name}":

@@ -2,7 +2,7 @@
 
 The toy parts to replace are marked TOY: the raw format (CSV rows), the model (model.py), the
 objective (mean squared error) and the sample data. Everything the core calls is here, in the
-order the data flows; README.md beside this file is the checklist.
+groups of the contract's map (by where the data is); README.md beside this file is the checklist.
 
     raw input       RAW/*.csv: a header row, numeric feature columns and a `target` column
     preprocessing   read_raw (rows, rejections) -> fit_encoding (train-split statistics) -> encode

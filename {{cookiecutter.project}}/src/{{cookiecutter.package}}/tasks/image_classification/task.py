@@ -7,7 +7,7 @@
     model           model.py: a residual CNN
     serving         uint8 images -> probabilities and class; predict parses files like evaluation
 
-The contract's methods (../../task.py) in the order the data flows through them.
+The contract's members (../../core/task.py), grouped as its map groups them: by where the data is.
 """
 
 from __future__ import annotations
