@@ -35,6 +35,7 @@ EXPECTED_FILES = {
         "configs/tpu.yaml", "configs/pod.yaml")),
     *(f"tests/{name}.py" for name in (
         "conftest", "gcs_emulator", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
+        "test_flops_loops",
         "test_gcs_emulator",
         "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_parity_randomness", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
         "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),

@@ -212,7 +212,7 @@ REGRESSION_OBJECTIVE = '''
     higher_is_better = False
 '''
 REGRESSION_METRICS = '''
-    def build_metrics(self, objective_config, manifest: dict) -> list:
+    def build_metrics(self, objective_config, manifest: Manifest) -> list:
         from ...core.keras import keras
 
         return [keras.metrics.MeanAbsoluteError(name="mae")]
@@ -258,7 +258,7 @@ def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
     task_py = project / "src/reg_lab/tasks" / name / "task.py"
     source = task_py.read_text()
     toy_objective = '    headline_metric = "loss"\n    higher_is_better = False\n'
-    toy_metrics = "    def build_metrics(self, objective_config, manifest: dict) -> list:\n        return []\n"
+    toy_metrics = "    def build_metrics(self, objective_config, manifest: Manifest) -> list:\n        return []\n"
     assert toy_objective in source and toy_metrics in source
     task_py.write_text(source.replace(toy_objective, REGRESSION_OBJECTIVE.lstrip("\n"))
                        .replace(toy_metrics, REGRESSION_METRICS.lstrip("\n")))

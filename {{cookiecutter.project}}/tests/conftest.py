@@ -96,6 +96,17 @@ def strategy():
     return distribute.resolve(config.load(None, ["runtime.strategy=auto"], registry=tasks).runtime).strategy
 
 
+@pytest.fixture
+def float32_policy():
+    """The test's Keras models compute in float32 whatever global policy an earlier test left."""
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy(previous)
+
+
 def config_file(task_name: str, which: str = "local") -> Path:
     """A task's shipped config: configs/<which>.yaml for the project's own task, configs/<task>/
     for a task added later."""

@@ -22,15 +22,6 @@ from {{ cookiecutter.package }}.core.model import metric_names
 from {{ cookiecutter.package }}.core.topology import Target
 
 
-@pytest.fixture
-def float32_policy():
-    """The tiny model computes in float32 whatever policy an earlier test left."""
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def fit(callback_list, steps: int, steps_per_execution: int, labels=None):
     """Trains a one-layer regression for `steps` steps of batch 4; returns the model."""
     model = keras.Sequential([keras.layers.Dense(1, input_shape=(3,))])

@@ -395,6 +395,19 @@ def test_the_map_names_every_member_and_the_required_ones_are_abstract():
         assert isinstance(inspect.getattr_static(tasks.load(name), "needs_encoding_fit"), property), name
 
 
+def task_package(tmp_path, monkeypatch, name: str, source: str):
+    """A task package `name` whose task.py is `source`, found by tasks.load like any other (a folder on
+    the tasks package's search path, for this test only); returns its folder."""
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("from .task import TASK  # noqa: F401\n")
+    (package / "task.py").write_text(source)
+    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
+    for module in (f"{tasks.__name__}.{name}", f"{tasks.__name__}.{name}.task"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return package
+
+
 UNFINISHED = """
 from ...core.task import Task
 
@@ -414,13 +427,7 @@ TASK = Unfinished()
 def test_a_task_missing_required_members_fails_at_load_in_one_line(tmp_path, monkeypatch):
     """A task package found like any other (a folder under tasks/, here on the package's search path
     for this test only) that leaves members out: loading it is one UserError naming them and its file."""
-    package = tmp_path / "unfinished"
-    package.mkdir()
-    (package / "__init__.py").write_text("from .task import TASK  # noqa: F401\n")
-    (package / "task.py").write_text(UNFINISHED)
-    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
-    for module in (f"{tasks.__name__}.unfinished", f"{tasks.__name__}.unfinished.task"):
-        monkeypatch.delitem(sys.modules, module, raising=False)
+    package = task_package(tmp_path, monkeypatch, "unfinished", UNFINISHED)
     with pytest.raises(UserError) as raised:
         tasks.load("unfinished")
     message = str(raised.value)
@@ -457,13 +464,7 @@ def test_a_task_written_to_the_first_edition_fails_at_load_in_one_line(tmp_path,
     """A task package that defines `metrics`, the first edition's name of `build_metrics`, which the core
     would silently never call: loading it is one UserError naming the old member, the new one with its
     parameters, and the task's file (before the members it then lacks)."""
-    package = tmp_path / "outdated"
-    package.mkdir()
-    (package / "__init__.py").write_text("from .task import TASK  # noqa: F401\n")
-    (package / "task.py").write_text(OUTDATED)
-    monkeypatch.setattr(tasks, "__path__", [*tasks.__path__, str(tmp_path)])
-    for module in (f"{tasks.__name__}.outdated", f"{tasks.__name__}.outdated.task"):
-        monkeypatch.delitem(sys.modules, module, raising=False)
+    package = task_package(tmp_path, monkeypatch, "outdated", OUTDATED)
     with pytest.raises(UserError) as raised:
         tasks.load("outdated")
     assert str(raised.value) == (

@@ -102,15 +102,6 @@ def test_the_plan_keeps_what_an_lstm_stacks_for_its_backward_pass(policy, size):
     assert "of which loops stack" in plans[long].breakdown()
 
 
-@pytest.fixture
-def float32_policy():
-    """The fits compute in float32 whatever policy an earlier test left."""
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def fit_with_step_log(build, tmp_path, strategy=None):
     """Trains the model `build()` returns for 6 steps of 32 examples of 12 tokens (on 8 replicas
     under `strategy`, else on one device) with the trainer's step log and its count
