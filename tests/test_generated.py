@@ -105,16 +105,25 @@ def test_end_to_end_on_cpu_reaches_the_promised_accuracy(set_up_project):
     assert_predict_agrees_with_evaluation(metrics, examples, predicted)
 
 
+def assert_resumes_bitwise_equal(project, *also: str):
+    """Runs the bake's exact-resume check (its slow tier, tests/test_train.py): runtime.deterministic on
+    8 replicas in float32 with the task's random draws on, one start SIGKILLed, the next SIGTERMed, the
+    third finishing with the weights and optimizer state of an uninterrupted run, bit for bit; and the
+    slow tests of test_train.py named `also`."""
+    names = ["test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one", *also]
+    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "slow",
+                            "tests/test_train.py", "-k", " or ".join(names)],
+                           cwd=project, env=project_env(), capture_output=True, text=True, timeout=1200)
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    assert all(f"{name} PASSED" in tests.stdout for name in names), tests.stdout[-3000:]
+
+
 @pytest.mark.slow
 def test_a_killed_and_preempted_run_resumes_bitwise_equal(set_up_project):
-    """The bake's exact-resume check (its slow tier, tests/test_train.py): runtime.deterministic on 8
-    replicas, one start SIGKILLed, the next SIGTERMed, the third finishing with the weights and
-    optimizer state of an uninterrupted run, bit for bit."""
-    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "slow",
-                            "tests/test_train.py", "-k", "bitwise_equal_to_an_uninterrupted"],
-                           cwd=set_up_project, env=project_env(), capture_output=True, text=True, timeout=1200)
-    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
-    assert "test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one PASSED" in tests.stdout
+    """The image bake's, with augmentation on: a resumed start crops and flips each batch as the
+    uninterrupted run did. With it, a run stopped by a preemption notice resumes on another slice
+    size (2 replicas instead of 8) to its exact end."""
+    assert_resumes_bitwise_equal(set_up_project, "test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end")
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +136,13 @@ def text_project(tmp_path_factory):
 def test_text_project_tests_pass(set_up_project, text_project):
     output = make(text_project, "test")
     assert " passed" in output and " failed" not in output
+
+
+@pytest.mark.slow
+def test_a_killed_and_preempted_text_run_resumes_bitwise_equal(set_up_project, text_project):
+    """The text_classification bake's, with dropout on: a resumed start draws the dropout masks that the
+    uninterrupted run drew (the generators' state is in the checkpoint)."""
+    assert_resumes_bitwise_equal(text_project)
 
 
 @pytest.mark.release

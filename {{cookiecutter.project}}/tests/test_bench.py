@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT
+from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, tiny_config
 
 TINY = (
     *DATA_OVERRIDES,
@@ -73,6 +73,36 @@ def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data
     assert "trainer/bare:" in output and figures["trainer_over_bare"] > 0
     assert figures["host_peak_tflops"]["float32"] > 0 and figures["host_peak_tflops"]["bfloat16"] > 0
     assert 0 < figures["trainer_model_flops_utilization"] < 1 and figures["trainer_tflops_per_chip"] > 0
+    # A save's blocking seconds with and without the background write, on local disk (no --gcs here).
+    assert "checkpoint, local disk:" in output and list(figures["checkpoint_blocking"]) == ["local disk"]
+    assert figures["checkpoint_blocking"]["local disk"]["synchronous_over_asynchronous"] > 0
+
+
+def test_bench_times_checkpoint_saves_on_local_disk_and_a_gcs_folder(data_dir, gcs_bucket, tmp_path, capsys):
+    """`make bench`'s checkpoint part with --gcs (here the tests' storage emulator): a save's
+    blocking seconds with and without the background write on each storage; the gs:// folder it
+    wrote is removed."""
+    import argparse
+
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }} import bench_input, tasks
+    from {{ cookiecutter.package }}.core import distribute, input_pipeline
+
+    cfg = tiny_config(data_dir, tmp_path)
+    task = tasks.load(cfg.task)
+    resolved = distribute.resolve(cfg.runtime)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
+    options = argparse.Namespace(saves=3, seconds=0.4, gcs=gcs_bucket.path("bench"))
+    figures = bench_input.checkpoint_comparison(cfg, task, resolved, manifest, options)["checkpoint_blocking"]
+    assert list(figures) == ["local disk", "gs://"]
+    for storage in figures.values():
+        assert storage["synchronous_seconds"] > 0 and storage["asynchronous_seconds"] > 0
+        assert storage["synchronous_over_asynchronous"] > 0 and len(storage["asynchronous_first_two_seconds"]) == 2
+    printed = capsys.readouterr().out
+    assert "checkpoint, local disk:" in printed and "checkpoint, gs://:" in printed
+    assert not tf.io.gfile.exists(gcs_bucket.path("bench")) or not tf.io.gfile.listdir(gcs_bucket.path("bench"))
+    assert gcs_bucket.blocked_requests() == []
 
 
 @pytest.mark.slow  # compiles the model once per candidate

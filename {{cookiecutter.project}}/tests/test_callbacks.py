@@ -150,14 +150,16 @@ def test_profile_window_traces_its_steps(float32_policy, tmp_path, capsys):
     assert "profiling from step 2" in printed and "profile written to" in printed
 
 
-def test_checkpoints_at_each_boundary_and_their_time(float32_policy, tmp_path):
+def test_checkpoints_at_each_boundary_and_their_time(float32_policy, tmp_path, capsys):
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=5)
     report = callbacks.Report(step=0)
     fit([callbacks.Checkpoints(0, manager, checkpoint_every=4, report=report)], steps=9, steps_per_execution=3)
     assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["6", "9"]
-    assert len(report.save_seconds) == 2
+    assert len(report.checkpoint_blocking_seconds) == 2 and len(report.checkpoint_write_seconds) == 2
     callbacks.save_checkpoint(manager, 9, report)  # the newest already is step 9: not saved again
-    assert len(report.save_seconds) == 2 and len(manager.checkpoints) == 2
+    assert len(report.checkpoint_blocking_seconds) == 2 and len(manager.checkpoints) == 2
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoint")]
+    assert [line.split(":")[0] for line in lines] == ["checkpoint at step 6 saved", "checkpoint at step 9 saved"]
 
 
 class SendSigterm(callbacks.BetweenExecutions):
@@ -210,7 +212,8 @@ def test_a_notice_from_another_thread_saves_once_even_on_a_checkpoint_boundary(f
 
     model = fit([NoticeAtStep6(0), checkpoints, stop], steps=20, steps_per_execution=2)
     assert int(model.optimizer.iterations.numpy()) == 6
-    assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["6"] and len(report.save_seconds) == 1
+    assert [path.rsplit("-", 1)[1] for path in manager.checkpoints] == ["6"]
+    assert len(report.checkpoint_blocking_seconds) == 1
     assert report.stop.end == goodput.PREEMPTED and report.stop.detail.startswith("host maintenance")
 
 

@@ -474,6 +474,41 @@ def test_a_task_written_to_the_first_edition_fails_at_load_in_one_line(tmp_path,
     )
 
 
+WITHOUT_SEED = """
+from ...core.task import Task
+
+
+class WithoutSeed(Task):
+    name = "without_seed"
+    raw_format = "anything"
+
+    def parse_batch(self, serialized, manifest, training=False):
+        return serialized, serialized
+
+
+TASK = WithoutSeed()
+"""
+
+
+def test_a_parse_batch_without_the_seed_fails_at_load_in_one_line(tmp_path, monkeypatch):
+    """A task whose parse_batch takes no `seed` (written before the train input passed each batch its
+    random key) would fail at the first batch, inside tf.data: loading it is one UserError naming the
+    member, what it must look like and the task's file. One that takes **kwargs is not refused."""
+    package = task_package(tmp_path, monkeypatch, "without_seed", WITHOUT_SEED)
+    with pytest.raises(UserError) as raised:
+        tasks.load("without_seed")
+    assert str(raised.value) == (
+        f"task 'without_seed' ({package / 'task.py'}) defines parse_batch without the seed parameter the core "
+        "passes it: make it parse_batch(serialized, manifest, training=False, seed=None), drawing any "
+        f"augmentation from seed with tf.random.stateless_* ops; see Task in "
+        f"src/{tasks.__name__.split('.')[0]}/core/task.py for what each must return"
+    )
+    with_options = type("WithOptions", (Task,), {"parse_batch": lambda self, serialized, manifest, **options: None})
+    with pytest.raises(task_lib.IncompleteTask) as incomplete:  # the members it lacks, nothing else
+        with_options()
+    assert not isinstance(incomplete.value, task_lib.OutdatedTask)
+
+
 def test_every_first_edition_member_is_refused_with_what_it_became():
     """Each renamed member of the first edition, defined by a task (or by a class it inherits from), is
     refused with its new name and parameters; a first-edition task is told too of the members it

@@ -2,6 +2,7 @@
 evaluation pass that counts each example once while keeping every batch the same shape."""
 
 import collections
+import dataclasses
 import hashlib
 import json
 import os
@@ -466,3 +467,155 @@ def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(da
     assert not input_cursor.saved_in(manager.latest_checkpoint) and input_cursor.saved_in(path)
     order = cursor.resume(120, reseed=False)
     assert cursor.restored is None and order.from_step == 120 and "holds no input position" in order.note
+
+
+# ------------------------------------------------------------------ a resume on another layout
+
+
+class Numbered:
+    """A task whose records are their own numbers: what a replica is fed shows which records it read."""
+
+    def parse_batch(self, batch, manifest, training=False, seed=None):
+        return tf.strings.to_number(batch, tf.int64), tf.zeros_like(batch, tf.int64)
+
+
+def numbered_split(folder, counts) -> dict:
+    """TFRecord files of `counts` records numbered 0, 1, ... in `folder`, and a manifest that lists them."""
+    names, number = [], 0
+    for index, count in enumerate(counts):
+        names.append(f"train-{index}.tfrecord")
+        with tf.io.TFRecordWriter(str(folder / names[-1])) as writer:
+            for _ in range(count):
+                writer.write(str(number).encode())
+                number += 1
+    return {"splits": {"train": {"files": names, "examples_per_file": list(counts)}}}
+
+
+@pytest.mark.parametrize("first_steps", [2, 8])  # stopped in the first epoch, or in a later one
+@pytest.mark.parametrize(
+    "counts",
+    [
+        [6, 5, 7, 4, 6, 5, 7, 9],  # file-level sharding on 1, 2 and 4 pipelines; shares of 26 and 23
+        [40, 13, 16],  # 2 pipelines' shares of 56 and 13 records; 4 pipelines: the record-level fallback
+    ],
+)
+def test_an_epoch_resumed_on_1_then_4_input_pipelines_feeds_every_record_once(tmp_path, strategy, counts, first_steps):
+    """Global batch 8, window 4: 2 simulated hosts train `first_steps` steps; a resume on 1 host (the
+    real 8-replica input) trains 2 more; a resume on 4 hosts trains until the epoch ends. Each start
+    rebuilds its order from the previous start's cursor, written to and read from a checkpoint.
+    Across the three starts every record of the epoch the first start stopped in (each host's own
+    epoch: hosts with unequal shares drift apart) is fed exactly once; after its pieces, each of the
+    4 hosts reads its own order of the next epoch; and a fourth start on the same 4 hosts mid-pieces
+    feeds what the third would have fed."""
+    from {{ cookiecutter.package }}.core import input_cursor
+
+    manifest = numbered_split(tmp_path, counts)
+    files, total = [str(tmp_path / name) for name in manifest["splits"]["train"]["files"]], sum(counts)
+    cfg = config.load(
+        None,
+        [f"data.dir={tmp_path}", "data.shuffle_buffer=4", "train.global_batch_size=8", "runtime.seed=11"],
+        registry=tasks,
+    )
+
+    def start(hosts: int, step: int, saved: str | None) -> input_cursor.InputCursor:
+        """A start on `hosts` input pipelines at `step`, its cursor restored from the checkpoint `saved`."""
+        cursor = input_cursor.InputCursor(input_cursor.layout(cfg, manifest, hosts, 8), step=lambda: step)
+        if saved:
+            tf.train.Checkpoint(input=cursor).read(saved).expect_partial()
+        cursor.resume(step, reseed=False)
+        return cursor
+
+    def saved_at(cursor, step: int) -> str:
+        cursor.step = lambda: step
+        return tf.train.Checkpoint(input=cursor).write(str(tmp_path / f"ckpt-{step}"))
+
+    def hosts_read(cursor, step: int, steps: int) -> list[list[int]]:
+        """What each simulated host feeds in `steps` steps from `step` (the records of its batches)."""
+        order, hosts = cursor.order, cursor.layout["input_pipelines"]
+        per_step = input_cursor.records_per_step(cursor.layout)
+        return [
+            [
+                int(record)
+                for record in input_pipeline.train_stream(
+                    files,
+                    counts,
+                    seed=order.seed,
+                    window=4,
+                    pipeline_id=host,
+                    num_pipelines=hosts,
+                    consumed=(step - order.from_step) * per_step,
+                    first_epoch=order.first_epoch,
+                    pending=order.pending[host] if order.pending else (),
+                )
+                .take(steps * per_step)
+                .as_numpy_iterator()
+            ]
+            for host in range(hosts)
+        ]
+
+    first = start(2, 0, None)
+    shares = [input_pipeline.Share.of(files, counts, host, 2) for host in range(2)]
+    epochs = [share.epoch_of(first_steps * 4) for share in shares]  # each host's epoch when it stopped
+    epoch = [
+        record
+        for host, share, its_epoch in zip(hosts_read(first, 0, first_steps), shares, epochs)
+        for record in host[share.epoch_start(its_epoch) :]
+    ]
+    read_in_epoch = len(epoch)
+
+    second = start(1, first_steps, saved_at(first, first_steps))
+    left = total - read_in_epoch
+    assert second.order.note == (
+        f"resumed on 1 host x 8 replicas from a 2 x 8 layout at step {first_steps}: {left} records left in epoch "
+        f"{max(epochs)}, redistributed"
+    )
+    # The real input of 8 replicas on 1 pipeline (the trainer's): replica by replica, step by step.
+    dataset, _ = input_pipeline.distributed_dataset(
+        strategy,
+        str(tmp_path),
+        Numbered(),
+        manifest,
+        "train",
+        8,
+        training=True,
+        seed=second.order.seed,
+        shuffle_buffer=4,
+        start_step=0,
+        first_epoch=second.order.first_epoch,
+        pending=second.order.pending,
+    )
+    batches = iter(dataset)
+    for _ in range(2):
+        numbers, _ = next(batches)
+        epoch += [int(n) for part in strategy.experimental_local_results(numbers) for n in part.numpy()]
+    assert epoch[read_in_epoch:] == hosts_read(second, first_steps, 2)[0]
+
+    third = start(4, first_steps + 2, saved_at(second, first_steps + 2))
+    left -= 16
+    assert f"from a 1 x 8 layout at step {first_steps + 2}: {left} records left in epoch {max(epochs)}" in (
+        third.order.note
+    )
+    pieces = [sum(piece.count for piece in host) for host in third.order.pending]
+    assert sorted(pieces) == sorted(left * q // 4 - left * (q - 1) // 4 for q in range(1, 5))  # split evenly
+    steps = -(-max(pieces) // 2) + 2  # past the longest host's pieces, into the next epoch
+    read = hosts_read(third, first_steps + 2, steps)
+    epoch += [record for host, count in zip(read, pieces) for record in host[:count]]
+    assert sorted(epoch) == list(range(total)), collections.Counter(epoch).most_common(3)
+
+    for host, count in enumerate(pieces):  # then each host's own order from the start of the next epoch
+        share = input_pipeline.Share.of(files, counts, host, 4)
+        own = fed(
+            files,
+            counts,
+            start=share.epoch_start(max(epochs) + 1),
+            take=len(read[host]) - count,
+            pipeline_id=host,
+            num_pipelines=4,
+            window=4,
+            seed=11,
+        )
+        assert read[host][count:] == own, host
+
+    fourth = start(4, first_steps + 3, saved_at(third, first_steps + 3))  # the same layout, mid-pieces
+    assert fourth.order == dataclasses.replace(third.order, note="")
+    assert hosts_read(fourth, first_steps + 3, steps - 1) == [host[2:] for host in read]

@@ -1,4 +1,5 @@
-"""The run record (metrics.json): read once, written whole by one writer, never left broken."""
+"""The run record (metrics.json): read once, written whole by one writer, never left broken; and the
+records kept across runs (the steps_per_execution choice, the host's peak) written the same way."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import PROJECT
@@ -90,3 +92,66 @@ def test_a_writer_killed_mid_write_leaves_the_old_record(tmp_path, killed):
     )
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     assert RunRecord(str(tmp_path)).values == {"version": 0, "padding": "a" * 100_000}
+
+
+def test_a_failed_write_of_the_steps_per_execution_cache_leaves_the_stored_choice(tmp_path):
+    """A new record that fails half-way (a value JSON cannot hold) is not written over the old one."""
+    from {{ cookiecutter.package }}.core import steps_per_execution as spe
+
+    key = {"task": "a task", "replicas": 8}
+    path = spe.cache_path(str(tmp_path), key)
+    chosen = spe.Measurement(4, 10.0, [10.0])
+    stored = spe.record(key, chosen, [chosen])
+    spe.write_cache(path, stored)
+    broken = {**stored, "measurements": [*stored["measurements"], {"steps_per_execution": 16, "rounds": {9.5}}]}
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        spe.write_cache(path, broken)
+    assert spe.read_cache(path, key) == stored
+    assert [entry.name for entry in (tmp_path / "steps_per_execution").iterdir()] == [path.rsplit("/", 1)[1]]
+
+
+def test_a_failed_write_of_the_host_peak_leaves_the_stored_peaks(tmp_path):
+    from {{ cookiecutter.package }}.core import utilisation
+    from {{ cookiecutter.package }}.core.topology import Target
+
+    path = utilisation.store_host_peak(str(tmp_path), "float32", 1.5e12)
+    before = open(path).read()
+    with pytest.raises(TypeError, match="not JSON serializable"):  # a NumPy scalar, not a float
+        utilisation.store_host_peak(str(tmp_path), "bfloat16", np.float32(3e12))
+    assert open(path).read() == before
+    assert utilisation.peak_per_chip(Target("cpu", 8, 1), "float32", str(tmp_path))[0] == 1.5e12
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["host_peak.json"]
+
+
+def test_a_checkpoint_without_the_random_generators_restores_the_rest_and_says_so(tmp_path, capsys):
+    """A checkpoint written before the model's random generators were saved: its weights and optimizer
+    state are restored, one line says the dropout masks are drawn afresh, and the model keeps its
+    generators for the checkpoints it writes from then on."""
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }}.core import model as model_lib, run_dir
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    def model_and_optimizer(seed: int):
+        keras.utils.set_random_seed(seed)
+        keras.backend.experimental.enable_tf_random_generator()
+        inputs = keras.Input((3,))
+        model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dropout(0.5)(inputs)))
+        optimizer = keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer
+
+    old, optimizer = model_and_optimizer(1)  # its generators are not tracked: an older checkpoint
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=old, optimizer=optimizer), str(tmp_path), 2).save(7)
+    new, optimizer = model_and_optimizer(2)
+    model_lib.track_random_generators(new)
+    assert new.random_generators and not np.array_equal(new.get_weights()[0], old.get_weights()[0])
+    checkpoint = tf.train.Checkpoint(model=new, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), 2)
+    assert run_dir.restore_newest_readable(checkpoint, manager).endswith("ckpt-7")
+    assert all(np.array_equal(a, b) for a, b in zip(new.get_weights(), old.get_weights()))
+    printed = capsys.readouterr().out
+    assert "holds no random generators" in printed and "cannot be read" not in printed, printed
+    manager.save(8)
+    saved = [name for name, _ in tf.train.list_variables(manager.latest_checkpoint)]
+    assert any(name.startswith(run_dir.GENERATORS) for name in saved), saved

@@ -1,6 +1,7 @@
 """The image task: decoding and rejecting raw files, the feature spec round trip (Beam's
-encoder -> TFRecord -> tf.data's parser gives back the pixels, raw or JPEG), training crops,
-deterministic evaluation and predict, and the CSV index as raw input."""
+encoder -> TFRecord -> tf.data's parser gives back the pixels, raw or JPEG), training crops (drawn
+from each batch's key, so a resumed input crops as the uninterrupted one did), deterministic
+evaluation and predict, and the CSV index as raw input."""
 
 import io
 import json
@@ -253,6 +254,71 @@ def test_training_crops_and_flips_evaluation_does_not(encoding):
         "data",
     )
     np.testing.assert_array_equal(TASK.parse_batch(records, manifest, training=True)[0].numpy(), evaluation[0])
+
+
+def augmented_images(records, manifest, key):
+    import tensorflow as tf
+
+    return TASK.parse_batch(records, manifest, training=True, seed=tf.constant(key, tf.int64))[0].numpy()
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_training_crops_and_flips_are_a_function_of_the_batch_key(encoding):
+    """A batch's random crops and flips are drawn from its key alone: the same key gives the same
+    images whatever was drawn before and whatever the global seed, another key other images."""
+    import tensorflow as tf
+
+    side = features.stored_side(16, encoding)
+    rng = np.random.default_rng(0)
+    records = tf.constant(
+        [features.encode(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), label, encoding) for label in range(8)]
+    )
+    manifest = {"image_size": 16, "image_encoding": encoding, "num_classes": 8}
+    data_config = config.load(
+        None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"], registry=tasks
+    ).data
+    TASK.check_manifest(manifest, data_config, "data")
+    tf.random.set_seed(0)
+    first = augmented_images(records, manifest, [3, 5])
+    tf.random.set_seed(1)
+    tf.random.uniform([7])  # another global seed, and a stateful draw in between
+    np.testing.assert_array_equal(augmented_images(records, manifest, [3, 5]), first)
+    evaluation = TASK.parse_batch(records, manifest, training=False)[0].numpy()
+    for other in ([3, 6], [4, 5]):
+        images = augmented_images(records, manifest, other)
+        assert not np.array_equal(images, first) and not np.array_equal(images, evaluation), other
+    # Each example its own crop: not one window (or flip) for the whole batch.
+    windows = features.random_windows(64, side, 0.25, tf.constant([3, 5], tf.int64)).numpy()
+    assert len({tuple(window) for window in windows}) > 32
+
+
+def test_a_resumed_train_input_crops_and_flips_as_the_uninterrupted_one(tmp_path):
+    """The train input restarted after 3 batches (as a resumed run restarts it) gives batches 3, 4 and 5
+    of the uninterrupted input, their augmentation included, pixel for pixel."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    files = [str(tmp_path / f"train-{index}.tfrecord") for index in range(2)]
+    for path in files:
+        with tf.io.TFRecordWriter(path) as writer:
+            for label in range(20):
+                writer.write(features.encode(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), label % 4))
+    manifest = {"image_size": 16, "image_encoding": "raw", "num_classes": 4}
+    TASK.check_manifest(
+        manifest, config.load(None, ["data.image_size=16", "data.augment=true"], registry=tasks).data, "data"
+    )
+
+    def batches(start: int, count: int) -> list:
+        dataset = input_pipeline.train_pipeline(
+            files, [20, 20], TASK, manifest, 8, seed=5, shuffle_buffer=16, start=start
+        )
+        return [(images.numpy(), labels.numpy()) for images, labels in dataset.take(count)]
+
+    uninterrupted, resumed = batches(0, 6), batches(3 * 8, 3)
+    for (images, labels), (want_images, want_labels) in zip(resumed, uninterrupted[3:]):
+        np.testing.assert_array_equal(labels, want_labels)
+        np.testing.assert_array_equal(images, want_images)
+    assert not np.array_equal(uninterrupted[0][0], uninterrupted[5][0])
 
 
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])

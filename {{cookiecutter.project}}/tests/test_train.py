@@ -633,8 +633,10 @@ def test_metadata_watcher_reads_the_notice_and_switches_off_without_a_server():
 @pytest.mark.slow
 def test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end(data_dir, tmp_path):
     """Cloud TPU's way: the metadata server says instance/preempted=TRUE; training saves and exits
-    with 143 like on SIGTERM, and the same command then finishes exactly at total_steps. The watcher
-    polls every 0.1 s and 1000 steps remain when the notice is set: the run cannot finish first."""
+    with 143 like on SIGTERM, and the same command then finishes exactly at total_steps, here on
+    another slice size (2 replicas instead of 8, the same global batch: the input's order goes on).
+    The watcher polls every 0.1 s and 1000 steps remain when the notice is set: the run cannot
+    finish first."""
     server = FakeMetadataServer()
     command = train_command(data_dir, tmp_path, "train.total_steps=1000", "runtime.metadata_poll_seconds=0.1")
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1", "GCE_METADATA_HOST": server.host}
@@ -657,9 +659,13 @@ def test_a_preemption_notice_stops_the_run_and_it_resumes_to_the_exact_end(data_
     assert 0 < saved < 1000
 
     env["GCE_METADATA_HOST"] = "127.0.0.1:9"
-    resumed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    resumed = subprocess.run([*command, "runtime.cpu_devices=2"], capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from step {saved}" in resumed.stdout
+    assert (
+        f"resumed on 1 host x 2 replicas from a 1 x 8 layout at step {saved}: the same records per step from each "
+        "pipeline, the order goes on"
+    ) in resumed.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 1000
 
 
@@ -755,16 +761,63 @@ def test_a_profiler_port_in_use_is_one_warning_and_no_server(capsys):
         assert not profiler.port_is_free(plain.getsockname()[1])
 
 
-def without_random_draws() -> list[str]:
-    """Overrides that leave the input order as training's only randomness: a resumed start draws its
-    augmentation and dropout masks afresh (see the README), so the bitwise check turns them off."""
+def with_random_draws() -> list[str]:
+    """Overrides that switch on the random draws the project's task has beside the input order: its
+    augmentation (random crops and flips, drawn in the input pipeline) and its dropout (masks drawn in
+    the training step), which a resumed start must draw as the uninterrupted run drew them."""
     task = tasks.load(tasks.DEFAULT)
     data_keys = {field.name for field in dataclasses.fields(task.data_config)}
     model_keys = {field.name for field in dataclasses.fields(task.model_config)}
     return [
-        *(["data.augment=false"] if "augment" in data_keys else []),
-        *(["model.dropout=0"] if "dropout" in model_keys else []),
+        *(["data.augment=true"] if "augment" in data_keys else []),
+        *(["model.dropout=0.1"] if "dropout" in model_keys else []),
     ]
+
+
+def test_dropout_masks_resume_from_the_checkpoint(strategy, tmp_path, float32_policy):
+    """The layers that draw random numbers in training (Keras' Dropout and GaussianNoise, a recomputed
+    block's Dropout) draw them from generators that build_model puts in the model's checkpoint, not
+    among its weights: a model restored from it draws what the saved one drew next, and each of the 8
+    replicas draws its own."""
+    import types
+
+    from {{ cookiecutter.package }}.core import model as model_lib
+    from {{ cookiecutter.package }}.core import recompute
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    def network(model_config, manifest):
+        inputs = keras.Input((64,))
+        x = keras.layers.GaussianNoise(1.0, name="noise")(keras.layers.Dropout(0.5, name="drop")(inputs))
+        block_input = keras.Input((64,))
+        block = keras.Model(block_input, recompute.Dropout(0.5, name="block_drop")(block_input), name="block")
+        return keras.Model(inputs, recompute.Recomputed(block, name="recomputed")(x))
+
+    task = types.SimpleNamespace(build_model=network, build_step_loss=lambda objective_config, manifest: None)
+    cfg = config.load(None, [], registry=tasks)
+
+    def built(seed: int):
+        keras.utils.set_random_seed(seed)
+        with strategy.scope():
+            return model_lib.build_model(cfg, task, {})
+
+    def draw(model) -> np.ndarray:
+        """Each replica's outputs of the same input in training: [replicas, 64]."""
+        outputs = tf.function(lambda: strategy.run(lambda: model(tf.ones([1, 64]), training=True)))()
+        return np.concatenate([value.numpy() for value in strategy.experimental_local_results(outputs)])
+
+    model = built(1)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    saved = [name for name, _ in tf.train.list_variables(path) if name.startswith("model/random_generators/")]
+    assert len(saved) == 4 and not model.weights  # each random layer's (the recomputed Dropout's too); no weight
+    first, second = draw(model), draw(model)
+    assert len({row.tobytes() for row in first}) == 8  # every replica its own masks and noise
+    assert not np.array_equal(first, second)  # and new ones at every step
+
+    restored = built(2)  # another seed: it draws otherwise until it is restored
+    assert not np.array_equal(draw(restored), first)
+    tf.train.Checkpoint(model=restored).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(draw(restored), first)
+    np.testing.assert_array_equal(draw(restored), second)
 
 
 def checkpoint_values(path: str) -> dict:
@@ -778,19 +831,21 @@ def checkpoint_values(path: str) -> dict:
 
 @pytest.mark.slow
 def test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one(data_dir, tmp_path):
-    """runtime.deterministic on 8 replicas: one start SIGKILLed after step 15 (resumed from its checkpoint
-    at 10: the steps after it are repeated), the next SIGTERMed after step 25 (it saves at the next
-    execution boundary, between checkpoints), the third finishes; its final weights and optimizer state
-    equal an uninterrupted run's, bit for bit (batch norm's moving statistics, where the model has
-    them, to float rounding: see below), and the goodput record counts the repeated steps."""
+    """runtime.deterministic on 8 replicas in float32, with the task's augmentation and dropout on: one
+    start SIGKILLed after step 15 (resumed from its checkpoint at 10: the steps after it are repeated),
+    the next SIGTERMed after step 25 (it saves at the next execution boundary, between checkpoints), the
+    third finishes; its final weights and optimizer state (and the state of the dropout layers' random
+    generators) equal an uninterrupted run's, bit for bit (batch norm's moving statistics, where the
+    model has them, to float rounding: see below), and the goodput record counts the repeated steps."""
     overrides = [
         "runtime.deterministic=true",
+        "runtime.mixed_precision=float32",
         "train.total_steps=40",
         "train.checkpoint_every=10",
         "train.steps_per_execution=2",
         "train.log_every=1",
         "train.eval_every=0",
-        *without_random_draws(),
+        *with_random_draws(),
     ]
     env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
     straight = subprocess.run(

@@ -25,6 +25,12 @@ against a bare `model.fit`, all measured in this one run.
   build_model + compile_model + model.fit on the same distributed input with a timer only, the
   same steps and steps_per_execution, alternating --rounds times; the median ratio (goal >= 0.97),
   and the trainer's TFLOP/s per chip and model FLOPs utilisation.
+- checkpoints: the seconds a save holds training (what the trainer logs as
+  checkpoint_blocking_seconds), synchronous and written in the background (train.async_checkpoint),
+  on the same model trained between saves: on local disk, and on the gs:// folder --gcs names (a
+  bucket, or the tests' storage emulator, which only the tests start); the first two background
+  saves apart (they set up the host copy and trace its copy function, once per start), the median
+  of the rest, their ratio, and how long a background save's files take to write.
 If real-data training is more than 10% slower than synthetic, the input is the bottleneck.
 Fewer train shards than parallel reads (one shard: nothing to interleave) are pointed out.
 The last line is JSON.
@@ -32,22 +38,25 @@ The last line is JSON.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import replace
 from typing import Sequence
 
 import tensorflow as tf
 
 from .core import config as config_lib
-from .core import distribute, input_pipeline, precision, topology, utilisation
+from .core import callbacks, distribute, gcp, input_pipeline, precision, topology, utilisation
 from . import tasks
 from .core import steps_per_execution as spe_lib
-from .core.errors import run_cli
+from .core.errors import UserError, run_cli
 from .core.keras import keras
 from .core.model import build_model, compile_model
 from .core.trainer import Trainer
@@ -358,6 +367,102 @@ def trainer_over_bare(cfg, task, resolved, manifest: dict, rounds: int) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- checkpoint saves
+
+
+def checkpoint_bytes(path: str) -> int:
+    return sum(tf.io.gfile.stat(name).length for name in tf.io.gfile.glob(f"{path}.*"))
+
+
+def time_saves(model, iterator, directory: str, asynchronous: bool, saves: int, between: float) -> dict:
+    """`saves` saves of `model` (its weights and optimizer state) into `directory`, each after
+    `between` seconds of training, through the trainer's own `save_checkpoint`: the seconds each one
+    held training and how long its files took."""
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer), directory, max_to_keep=2
+    )
+    report = callbacks.Report(step=0)
+    train_function = model.make_train_function()
+    for _ in range(saves):
+        started = time.perf_counter()
+        while time.perf_counter() - started < between:
+            train_function(iterator)["loss"].numpy()
+        with contextlib.redirect_stdout(io.StringIO()):  # the trainer's line per save
+            callbacks.save_checkpoint(manager, int(model.optimizer.iterations.numpy()), report, asynchronous)
+    manager.sync()
+    return {
+        "blocking": report.checkpoint_blocking_seconds,
+        "write": report.checkpoint_write_seconds,
+        "bytes": checkpoint_bytes(manager.latest_checkpoint),
+    }
+
+
+def compare_checkpoints(cfg, task, resolved, manifest: dict, where: dict[str, str], saves: int, between: float) -> dict:
+    """A save's blocking seconds, synchronous against asynchronous, on each storage of `where`
+    ({name: folder}), on one model of the config trained on synthetic data between saves. An
+    asynchronous checkpoint pays a set-up at its first two saves (the host copy of every variable,
+    then the trace of the function that refreshes it): those are shown apart from the median of
+    the rest."""
+    spe = cfg.train.steps_per_execution if isinstance(cfg.train.steps_per_execution, int) else 4
+    with resolved.strategy.scope():
+        model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, spe)
+        per_replica = cfg.train.global_batch_size // resolved.replicas
+        synthetic = resolved.strategy.distribute_datasets_from_function(
+            lambda context: tf.data.Dataset.from_tensors(task.synthetic_batch(per_replica, manifest)).repeat()
+        )
+        iterator = iter(synthetic)
+        model.make_train_function()(iterator)["loss"].numpy()  # compiled before anything is timed
+        figures = {}
+        for name, folder in where.items():
+            timed = {
+                mode: time_saves(model, iterator, f"{folder}/{mode}", mode == "asynchronous", saves, between)
+                for mode in ("synchronous", "asynchronous")
+            }
+            synchronous = statistics.median(timed["synchronous"]["blocking"])
+            asynchronous = statistics.median(timed["asynchronous"]["blocking"][2:])
+            first = timed["asynchronous"]["blocking"][:2]
+            ratio = synchronous / asynchronous if asynchronous > 0 else float("inf")
+            megabytes = timed["synchronous"]["bytes"] / 1e6
+            print(
+                f"checkpoint, {name}: {megabytes:.1f} MB; a save held training {synchronous:.3f} s synchronous, "
+                f"{asynchronous:.4f} s written in the background ({ratio:.1f}x less; its first two saves "
+                f"{first[0]:.3f} s, {first[1]:.3f} s: the host copy, then its copy function traced); "
+                f"a background save's files took {statistics.median(timed['asynchronous']['write'][2:]):.3f} s "
+                f"(a save after {between:.2f} s of training each)",
+                flush=True,
+            )
+            figures[name] = {
+                "megabytes": round(megabytes, 2),
+                "synchronous_seconds": round(synchronous, 4),
+                "asynchronous_seconds": round(asynchronous, 4),
+                "asynchronous_first_two_seconds": [round(value, 4) for value in first],
+                "synchronous_over_asynchronous": round(ratio, 1),
+                "asynchronous_write_seconds": round(statistics.median(timed["asynchronous"]["write"][2:]), 4),
+            }
+    return {"checkpoint_blocking": figures}
+
+
+def checkpoint_comparison(cfg, task, resolved, manifest: dict, args) -> dict:
+    """`compare_checkpoints` on a temporary local folder and, with --gcs, on a new folder under it;
+    both removed afterwards."""
+    if args.saves < 3:
+        raise UserError(
+            f"--saves must be at least 3 (the first two set up the background saves, the rest are timed), "
+            f"got {args.saves}"
+        )
+    if args.gcs and not args.gcs.startswith("gs://"):
+        raise UserError(f"--gcs must be a gs:// folder, got {args.gcs!r}")
+    gcp.require_credentials({"--gcs": args.gcs or None})
+    remote = f"{args.gcs.rstrip('/')}/bench-checkpoints-{uuid.uuid4().hex[:8]}" if args.gcs else ""
+    with tempfile.TemporaryDirectory() as local:
+        where = {"local disk": local, **({"gs://": remote} if remote else {})}
+        try:
+            return compare_checkpoints(cfg, task, resolved, manifest, where, args.saves, between=args.seconds)
+        finally:
+            if remote and tf.io.gfile.exists(remote):
+                tf.io.gfile.rmtree(remote)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, args = config_lib.command_line(
         __doc__.split("\n\n")[0],
@@ -365,6 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda parser: (
             parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
             parser.add_argument("--rounds", type=int, default=2, help="trainer and bare-fit runs, alternating"),
+            parser.add_argument(
+                "--gcs", default="", help="a gs:// folder to time checkpoint saves on too (written, then deleted)"
+            ),
+            parser.add_argument("--saves", type=int, default=5, help="checkpoint saves per storage and kind"),
         ),
         registry=tasks,
     )
@@ -400,6 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bf16_over_f32 = training["bfloat16_over_float32"]
     peaks = host_peaks(cfg, resolved, args.seconds)
     trainer = trainer_over_bare(cfg, task, resolved, manifest, args.rounds)
+    checkpoints = checkpoint_comparison(cfg, task, resolved, manifest, args)
     print(
         json.dumps(
             {
@@ -417,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **orders,
                 **peaks,
                 **trainer,
+                **checkpoints,
             }
         )
     )

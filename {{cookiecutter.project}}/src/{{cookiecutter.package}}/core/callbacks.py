@@ -9,8 +9,9 @@ order (trainer.py, `Trainer.callbacks`):
     StepLog             the log line, TensorBoard scalars, the learning rate of every step
     GoodputProgress     this start's progress in the run record, so a kill leaves it
     ProfileWindow       traces runtime.profile_steps
-    Checkpoints         a checkpoint every train.checkpoint_every steps
-    Preemption          SIGTERM or a metadata notice: a checkpoint now, then stop
+    Checkpoints         a checkpoint every train.checkpoint_every steps (in the background with
+                        train.async_checkpoint)
+    Preemption          SIGTERM or a metadata notice: a whole checkpoint now, then stop
     PeriodicEvaluation  every train.eval_every steps: `eval_<metric>` into Keras' logs; the best
                         evaluation's checkpoint (by a monitor and a mode) is kept apart
     EarlyStopping       train.early_stop_patience evaluations without improvement: stop
@@ -62,9 +63,14 @@ class Report:
     """perf_counter when fit ended (FirstExecution)."""
     utilisation: object | None = None
     """The model FLOPs per step against the chip's peak (StepLog, after the first execution)."""
-    save_seconds: list[float] = dataclasses.field(default_factory=list)
-    """The wall seconds of each checkpoint save (`save_checkpoint`: Checkpoints, Preemption, the
-    trainer's last save)."""
+    checkpoint_blocking_seconds: list[float] = dataclasses.field(default_factory=list)
+    """The seconds each checkpoint save held the step loop (`save_checkpoint`: Checkpoints,
+    Preemption, the trainer's last save): the save call, and before it the wait for the save before
+    it if that one was still being written in the background. A last save whose step is saved
+    already adds its wait for that save's files to that save's."""
+    checkpoint_write_seconds: list[float] = dataclasses.field(default_factory=list)
+    """The wall seconds from each save's call until its files were whole, in the background for an
+    asynchronous one (`save_checkpoint`): what a preemption notice must leave time for."""
     history: list[dict] = dataclasses.field(default_factory=list)
     """Every periodic evaluation of the run, earlier starts' included: {"step", metric: value}
     (PeriodicEvaluation)."""
@@ -142,6 +148,7 @@ class NanGuard(BetweenExecutions):
 
     def on_execution_end(self, step, previous, logs):
         if not math.isfinite(float(logs["loss"])):
+            self.manager.sync()  # a save still being written in the background is a good one
             kept = self.manager.latest_checkpoint or "none"
             raise NonFiniteLoss(
                 f"the loss became NaN at step {step}; stopped without saving (last good checkpoint: {kept}); "
@@ -257,35 +264,73 @@ class ProfileWindow(BetweenExecutions):
 
 
 class Checkpoints(BetweenExecutions):
-    """A checkpoint at every `train.checkpoint_every` boundary; `save` times each one into the
-    report (the time a preemption notice must leave for it)."""
+    """A checkpoint at every `train.checkpoint_every` boundary, written in the background when
+    `asynchronous` (train.async_checkpoint); the seconds each save held training go to the report,
+    the log and TensorBoard (`checkpoint_blocking_seconds`)."""
 
-    def __init__(self, initial_step: int, manager: tf.train.CheckpointManager, checkpoint_every: int, report: Report):
+    def __init__(
+        self,
+        initial_step: int,
+        manager: tf.train.CheckpointManager,
+        checkpoint_every: int,
+        report: Report,
+        asynchronous: bool = False,
+        writer=None,
+    ):
         super().__init__(initial_step)
         self.manager, self.checkpoint_every, self.report = manager, checkpoint_every, report
+        self.asynchronous, self.writer = asynchronous, writer
 
     def on_execution_end(self, step, previous, logs):
         if crossed(self.checkpoint_every, previous, step):
-            self.save(step)
+            blocked = save_checkpoint(self.manager, step, self.report, self.asynchronous)
+            if self.writer is not None:
+                with self.writer.as_default():
+                    tf.summary.scalar("checkpoint_blocking_seconds", blocked, step=step)
 
-    def save(self, step: int) -> None:
-        save_checkpoint(self.manager, step, self.report)
 
+def save_checkpoint(
+    manager: tf.train.CheckpointManager, step: int, report: Report, asynchronous: bool = False
+) -> float:
+    """A checkpoint of `step`, unless the newest one already is; returns the seconds the call held
+    training, which go into the report and one line (and the seconds its files took, into the report
+    once they are whole).
 
-def save_checkpoint(manager: tf.train.CheckpointManager, step: int, report: Report) -> None:
-    """A checkpoint of `step`, unless the newest one already is; its wall seconds into the report."""
+    A save still being written in the background is finished first: one write at a time, the
+    keep_checkpoints rotation unchanged, and `latest_checkpoint` (like the `checkpoint` index file)
+    names a checkpoint only once its files are whole, so the check of the newest step is exact.
+    Synchronous (the default, for the preemption's and the run's last save), the checkpoint is whole
+    when this returns; asynchronous (`CheckpointOptions(enable_async=True)`), the call copies the
+    variables to host memory and a background thread writes the copy while training goes on.
+    """
+    started = time.perf_counter()
+    manager.sync()  # the save in flight, if any: no-op otherwise
     latest = manager.latest_checkpoint
     if latest is not None and checkpoint_step(latest) == step:
-        return
-    started = time.perf_counter()
-    manager.save(checkpoint_number=step)
-    report.save_seconds.append(time.perf_counter() - started)
+        waited = time.perf_counter() - started
+        if report.checkpoint_blocking_seconds:  # for the files of this start's own save of `step`
+            report.checkpoint_blocking_seconds[-1] += waited
+        return waited
+    called = time.perf_counter()
+
+    def written() -> None:  # once its files are whole: in the background thread for an asynchronous save
+        report.checkpoint_write_seconds.append(time.perf_counter() - called)
+
+    options = tf.train.CheckpointOptions(enable_async=asynchronous, experimental_write_callbacks=[written])
+    manager.save(checkpoint_number=step, options=options)
+    blocked = time.perf_counter() - started
+    report.checkpoint_blocking_seconds.append(blocked)
+    how = "saving in the background" if asynchronous else "saved"
+    print(f"checkpoint at step {step} {how}: training held {blocked:.3f} s", flush=True)
+    return blocked
 
 
 class Preemption(BetweenExecutions):
     """SIGTERM (a Spot or preemptible VM being reclaimed) or a preemption/maintenance notice from the
     metadata server: a checkpoint at the next boundary, then training stops; the report says
-    why, the trainer raises `Preempted` and the command exits with status 143.
+    why, the trainer raises `Preempted` and the command exits with status 143. The checkpoint is
+    written synchronously, after any save still being written in the background: it is whole
+    before the process exits.
 
     The signal handler and the watcher thread only set `reason`; everything else happens here,
     between executions. `watching()` installs both for the duration of fit.

@@ -82,6 +82,11 @@ class TrainConfig:
     reuses the choice (see steps_per_execution.py), `auto:fresh` measures again."""
     checkpoint_every: int = 100
     """Steps between checkpoints (a checkpoint is also written on SIGTERM and at the end)."""
+    async_checkpoint: bool = True
+    """`true`: each periodic checkpoint is copied to host memory and written by a background thread
+    while training goes on (one more host copy of the model and optimizer state); a save waits for
+    the one before it. The checkpoints of a preemption and of the run's end are written before the
+    run goes on, so they are whole. `false`: every save holds training until it is written."""
     eval_every: int = 0
     """Steps between evaluations during training (logged to TensorBoard's eval run; the best one's
     checkpoint is kept apart); 0 evaluates only at the end."""
@@ -135,9 +140,10 @@ class RuntimeConfig:
     config (and a resumed one) is reproducible to the bit; slower (see the README). The train input's
     order is resumable either way."""
     resume_input: str = "exact"
-    """`exact`: a resume continues the train input's order where the checkpoint left it, and refuses
-    when the data or its layout changed since; `reseed`: after such a change, continue in a new
-    order seeded by the step."""
+    """`exact`: a resume continues the train input's order where the checkpoint left it (on another
+    number of hosts or replicas with the same global batch too: the epoch's unread records are
+    redistributed), and refuses when the data, the global batch, the accumulation or the shuffle
+    window changed since; `reseed`: after such a change, continue in a new order seeded by the step."""
 
 
 class TaskRegistry(Protocol):

@@ -6,7 +6,9 @@ steps it had trained after its last checkpoint. Each start is recorded as it goe
 line, so a start killed without notice still leaves its progress) and the summary is derived from
 the list of starts:
 
-- `phase_seconds`: the wall seconds of each phase, summed over the starts
+- `phase_seconds`: the wall seconds of each phase, summed over the starts; `checkpoint` is the
+  time checkpoint saves held the step loop (all of a save's write when synchronous; the copy to
+  host memory and any wait for the previous save when written in the background)
 - `repeated_steps`: steps a start trained beyond the checkpoint the next start resumed from
 - `productive_seconds`: training seconds of the steps that were kept (not repeated later)
 - `productive_share`: productive_seconds / wall_seconds
@@ -28,6 +30,8 @@ RESTORE = "restore"
 CALIBRATION = "calibration"
 FIRST_EXECUTION = "first execution"
 TRAINING = "training"
+CHECKPOINT = "checkpoint"
+"""Seconds checkpoint saves held the step loop, booked out of training."""
 EVALUATION = "evaluation"
 END_OF_FIT = "end of fit"
 EXPORT = "export"
@@ -46,6 +50,7 @@ PHASES = (
     CALIBRATION,
     FIRST_EXECUTION,
     TRAINING,
+    CHECKPOINT,
     EVALUATION,
     END_OF_FIT,
     EXPORT,
@@ -58,6 +63,9 @@ FIXES = {
     "shorten the compilation (a smaller model, fewer distinct shapes)",
     REPEATED_STEPS: "checkpoint more often (lower train.checkpoint_every): each restart repeats the steps "
     "after the last checkpoint",
+    CHECKPOINT: "checkpoint saves hold training: write them in the background (train.async_checkpoint=true), "
+    "less often (raise train.checkpoint_every: a background save still waits for the one before it), or "
+    "to a runtime.output_dir in the VM's region",
     EVALUATION: "evaluate less often (raise train.eval_every) or on fewer examples",
     RESTORE: "restoring the checkpoint dominates: keep checkpoints in the VM's region, or fewer of them",
     MODEL_BUILD: "building the model dominates: check for Python loops building many layers",

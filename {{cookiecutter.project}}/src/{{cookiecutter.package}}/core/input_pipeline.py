@@ -14,7 +14,9 @@ permuted by a stateless shuffle of (seed, epoch, window). A resume skips whole f
 manifest's record counts without reading them, and reads at most one window of one file to find
 its place. Then: batching to the per-replica batch with drop_remainder=True (the TPU compiles one
 program for one static shape), one vectorised parse per batch in order, and prefetch so the host
-prepares the next batches while the device computes. Evaluation reads in file order.
+prepares the next batches while the device computes. Evaluation reads in file order. A resume on
+another number of hosts first reads the old hosts' unread records of their epoch, handed out in
+pieces (`Piece`, `train_stream`; input_cursor.py decides who reads what).
 
 Evaluation must count every example exactly once while keeping static shapes: each pipeline
 pads its split with weight-0 examples to a whole number of global steps.
@@ -213,6 +215,45 @@ class Share:
             return Share(files[pipeline_id::num_pipelines], counts[pipeline_id::num_pipelines], 1, 0)
         return Share(list(files), list(counts), num_pipelines, pipeline_id)
 
+    @property
+    def total(self) -> int:
+        """Records of one epoch's stream (all of the share's files)."""
+        return sum(self.counts)
+
+    def epoch_of(self, kept: int) -> int:
+        """The epoch of the pipeline's `kept`-th record (counted from the order's start)."""
+        return (kept * self.stride + self.phase) // self.total
+
+    def epoch_start(self, epoch: int) -> int:
+        """The index of the pipeline's first record of `epoch`."""
+        return max(0, -(-(epoch * self.total - self.phase) // self.stride))
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """`count` records of another layout's train order, left unread when that layout stopped: the
+    stream of pipeline `pipeline_id` of `num_pipelines` in the order seeded `seed`, from its `start`-th
+    record (`train_records`). A resume on another number of input pipelines hands each new pipeline
+    its pieces of what the old ones had not read of their epoch (input_cursor.py)."""
+
+    seed: int
+    num_pipelines: int
+    pipeline_id: int
+    start: int
+    count: int
+
+    def records(self, files: list[str], counts: list[int], window: int, compression: str) -> tf.data.Dataset:
+        return train_records(
+            files,
+            counts,
+            seed=self.seed,
+            window=window,
+            pipeline_id=self.pipeline_id,
+            num_pipelines=self.num_pipelines,
+            start=self.start,
+            compression=compression,
+        ).take(self.count)
+
 
 def train_records(
     files: list[str],
@@ -267,6 +308,54 @@ def train_records(
     return stream.shard(share.stride, 0) if share.stride > 1 else stream
 
 
+def train_stream(
+    files: list[str],
+    examples_per_file: list[int],
+    *,
+    seed: int,
+    window: int,
+    pipeline_id: int = 0,
+    num_pipelines: int = 1,
+    consumed: int = 0,
+    first_epoch: int = 0,
+    pending: tuple[Piece, ...] = (),
+    compression: str = "none",
+    cache: bool = False,
+) -> tf.data.Dataset:
+    """One pipeline's train records after its first `consumed` since the order began: the `pending`
+    pieces (another layout's unread records of the epoch it stopped in), then its own stream
+    (`train_records`) from the start of `first_epoch`. Without pending pieces and from epoch 0 this
+    is `train_records` from `consumed`."""
+    share = Share.of(files, examples_per_file, pipeline_id, num_pipelines)
+    own = share.epoch_start(first_epoch) if share.total else 0
+    left = consumed
+    parts = []
+    for piece in pending:
+        if left < piece.count:
+            parts.append(dataclasses.replace(piece, start=piece.start + left, count=piece.count - left))
+        left = max(0, left - piece.count)
+    stream = train_records(
+        files,
+        examples_per_file,
+        seed=seed,
+        window=window,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        start=own + left,
+        compression=compression,
+        cache=cache,
+    )
+    for piece in reversed(parts):
+        stream = piece.records(files, examples_per_file, window, compression).concatenate(stream)
+    return stream
+
+
+def batch_key(seed: int, pipeline_id: int, index) -> tf.Tensor:
+    """The stateless-RNG key of a pipeline's `index`-th train batch of the order seeded `seed`: an
+    int64 [2] tensor, a function of the position alone (`Task.parse_batch`'s `seed`)."""
+    return tf.stack([tf.constant(seed, tf.int64), tf.constant(pipeline_id, tf.int64) * 2**40 + index])
+
+
 def _warn_record_level(files: list[str], num_pipelines: int) -> bool:
     """Whether the pipelines share the files record by record (fewer files than pipelines), said once
     per pipeline in a warning."""
@@ -297,26 +386,34 @@ def train_pipeline(
     compression: str = "none",
     accumulation_steps: int = 1,
     start: int = 0,
+    first_epoch: int = 0,
+    pending: tuple[Piece, ...] = (),
     cache: bool = False,
 ) -> tf.data.Dataset:
     """One host's train input: batches of `batch_size` (per replica) parsed by `task`, repeated
-    forever from `start` (the records this pipeline consumed before: see `train_records`), in the
-    resumable order of `seed`, which must be the same on every host. With `accumulation_steps` > 1,
-    each element is the [k, batch, ...] micro-batches of one optimizer update."""
+    forever from `start` (the records this pipeline consumed before: see `train_stream`, which also
+    says what `first_epoch` and `pending` are), in the resumable order of `seed`, which must be the
+    same on every host. With `accumulation_steps` > 1, each element is the [k, batch, ...]
+    micro-batches of one optimizer update."""
     _warn_record_level(files, num_pipelines)
-    dataset = train_records(
+    dataset = train_stream(
         files,
         examples_per_file,
         seed=seed,
         window=shuffle_buffer,
         pipeline_id=pipeline_id,
         num_pipelines=num_pipelines,
-        start=start,
+        consumed=start,
+        first_epoch=first_epoch,
+        pending=pending,
         compression=compression,
         cache=cache,
     ).batch(batch_size, drop_remainder=True)
-    dataset = dataset.map(
-        lambda batch: task.parse_batch(batch, manifest, training=True),
+    # Each batch's random draws (augmentation) are keyed by its place in the order: a resumed
+    # input hands the same batch the same key, so it draws what the uninterrupted run drew.
+    keys = tf.data.Dataset.range(start // batch_size, 2**62).map(lambda index: batch_key(seed, pipeline_id, index))
+    dataset = tf.data.Dataset.zip(dataset, keys).map(
+        lambda batch, key: task.parse_batch(batch, manifest, training=True, seed=key),
         num_parallel_calls=AUTOTUNE,
         deterministic=True,  # the order is the resumable one
     )
@@ -387,11 +484,14 @@ def distributed_dataset(
     shuffle_buffer: int = 2048,
     accumulation_steps: int = 1,
     start_step: int = 0,
+    first_epoch: int = 0,
+    pending: tuple[tuple[Piece, ...], ...] = (),
     cache: str = "none",
 ):
     """(the per-host datasets of `split` distributed over `strategy`'s replicas, the number of
     global steps of one evaluation pass or None when training). Training starts where `start_step`
-    steps of this order have consumed (each pipeline's share of them). `cache` is data.cache."""
+    steps of this order have consumed (each pipeline's share of them); `pending` holds each
+    pipeline's pieces of an earlier layout's epoch (`train_stream`). `cache` is data.cache."""
     files, examples_per_file = split_files(data_dir, manifest, split)
     split_bytes = manifest["splits"][split].get("bytes", math.inf)  # unknown size: never cached
     num_pipelines = []
@@ -427,6 +527,8 @@ def distributed_dataset(
             shuffle_buffer=shuffle_buffer,
             accumulation_steps=accumulation_steps,
             start=start_step * per_replica * accumulation_steps * replicas_per_pipeline,
+            first_epoch=first_epoch,
+            pending=pending[context.input_pipeline_id] if pending else (),
             **shared,
         )
 
@@ -437,9 +539,12 @@ def distributed_dataset(
     return dataset, steps
 
 
-def training_dataset(cfg, task, target, manifest: dict, seed: int, start_step: int = 0):
+def training_dataset(
+    cfg, task, target, manifest: dict, seed: int, start_step: int = 0, first_epoch: int = 0, pending=()
+):
     """The train split in the resumable order of `seed`, `start_step` steps into it, distributed over
-    the replicas of `target` (a resolved distribute.Target)."""
+    the replicas of `target` (a resolved distribute.Target); `first_epoch` and `pending` as an
+    input_cursor.Order holds them after a resume on another layout."""
     dataset, _ = distributed_dataset(
         target.strategy,
         cfg.data.dir,
@@ -452,6 +557,8 @@ def training_dataset(cfg, task, target, manifest: dict, seed: int, start_step: i
         shuffle_buffer=cfg.data.shuffle_buffer,
         accumulation_steps=cfg.train.gradient_accumulation_steps,
         start_step=start_step,
+        first_epoch=first_epoch,
+        pending=pending,
         cache=cfg.data.cache,
     )
     return dataset

@@ -3,6 +3,14 @@ the optimizer, the weighting of evaluation and gradient accumulation are shared.
 
 The precision (bfloat16 compute with float32 variables, or float32) is chosen in precision.py;
 every task returns float32 logits for a stable loss.
+
+Random draws in the model resume with it. Every Keras layer that draws random numbers in training
+(Dropout and its subclasses, the noise layers, the dropout of recurrent cells and attention layers,
+recompute.Recomputed) draws them from a tf.random.Generator of its own, whose state is a variable
+that `build_model` adds to the model's checkpoint (`random_generators`; not among its weights): a run
+resumed from a checkpoint draws the masks the uninterrupted run drew from that step on. Under a
+distribution strategy each replica draws its own numbers (the generator folds the replica's id into
+its key): a function of the seed (`runtime.seed`), the replica and the step alone.
 """
 
 from __future__ import annotations
@@ -123,9 +131,12 @@ class TaskModel(keras.Model):
 
 
 def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
-    """`task`'s network for the data described by `manifest`. With `train.gradient_accumulation_steps`
-    > 1 or a task's step loss, the same layers in a TaskModel (same weights, same checkpoints, same
-    serving)."""
+    """`task`'s network for the data described by `manifest`, its layers' random generators in its
+    checkpoint (`track_random_generators`). With `train.gradient_accumulation_steps` > 1 or a task's
+    step loss, the same layers in a TaskModel (same weights, same checkpoints, same serving)."""
+    # Before any layer is made: Keras' random layers then draw from a tf.random.Generator each,
+    # whose state can be saved (by default they run stateful ops, whose state no checkpoint holds).
+    keras.backend.experimental.enable_tf_random_generator()
     model = task.build_model(cfg.model, manifest)
     step_loss = task.build_step_loss(cfg.objective, manifest)
     if cfg.train.gradient_accumulation_steps > 1 or step_loss is not None:
@@ -133,7 +144,32 @@ def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
         model.accumulation_steps = cfg.train.gradient_accumulation_steps
         if step_loss is not None:
             model.track_step_loss(step_loss, task.loss_terms)
+    track_random_generators(model)
     return model
+
+
+def random_generators(model: keras.Model) -> list[tf.random.Generator]:
+    """The tf.random.Generator of every layer of `model` (nested ones included) that draws random
+    numbers through Keras' RandomGenerator, made now if the layer has not made it yet, in the
+    layers' order."""
+    generators = []
+    for layer in model._flatten_layers():
+        random = getattr(layer, "_random_generator", None)  # Keras' (private) backend.RandomGenerator
+        if random is None or not hasattr(random, "_maybe_init"):
+            continue
+        random._maybe_init()  # under the strategy's scope, as build_model is called
+        generator = getattr(random, "_generator", None)
+        if generator is not None:  # None: a layer made before enable_tf_random_generator, which runs stateful ops
+            generators.append(generator)
+    return generators
+
+
+def track_random_generators(model: keras.Model) -> None:
+    """Adds the state of `model`'s random generators to what its checkpoint saves and restores (Keras
+    leaves them out: a layer's generator is not one of its weights), so that a resumed run draws the
+    numbers the uninterrupted one drew. They stay out of `model.weights`: get_weights, the parameter
+    count and the memory plan do not see them."""
+    model.random_generators = random_generators(model)
 
 
 # The weighted per-example loss under its own metric name ("loss" is Keras' own, unweighted and

@@ -7,7 +7,9 @@ activations of every layer inside it.
 
 The backward pass must see what the forward pass saw, so inside a recomputed block:
 - `recompute.Dropout` (use it instead of Keras' Dropout in blocks) draws its mask from a seed the
-  block's call draws once, so the recomputation draws the same mask;
+  block's call draws once, so the recomputation draws the same mask (the seed comes from the
+  Recomputed layer's own tf.random.Generator, which core/model.py checkpoints with the model: a
+  resumed run draws the seeds, and so the masks, that the uninterrupted run drew);
 - batch normalization updates its moving statistics once, in the forward pass (the recomputation
   leaves them as they are).
 
@@ -68,18 +70,20 @@ class Dropout(keras.layers.Dropout):
         )
 
 
-class Recomputed(keras.layers.Layer):
+class Recomputed(keras.__internal__.layers.BaseRandomLayer):
     """Calls `block` (a Keras model or layer) so that, in training, only its inputs are kept for
-    the backward pass, which recomputes the block's forward pass. Inference calls it directly."""
+    the backward pass, which recomputes the block's forward pass. Inference calls it directly.
+    Each training call draws the seed of the block's `Dropout` masks from the layer's
+    tf.random.Generator (a different one on each replica)."""
 
     def __init__(self, block: keras.layers.Layer, recompute: bool = True, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(rng_type="stateful", **kwargs)  # a tf.random.Generator, whatever Keras' default
         self.block, self.recompute = block, recompute
 
     def call(self, inputs, training=None):
         if not training:
             return self.block(inputs, training=False)
-        seed = tf.random.uniform([2], maxval=2**31 - 1, dtype=tf.int32)
+        seed = self._random_generator.make_seed_for_stateless_op()
         if not self.recompute:  # the same function, stored rather than recomputed (for tests)
             with _inside_block(seed):
                 return self.block(inputs, training=True)

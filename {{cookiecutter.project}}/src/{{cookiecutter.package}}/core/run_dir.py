@@ -7,11 +7,17 @@
     export/          the SavedModel and, in assets.extra/, what `predict` needs
 
 metrics.json has exactly one writer, `RunRecord.write`: it is read once when a command starts,
-updated in memory and written whole, atomically (see `write_atomically`).
+updated in memory and written whole, atomically (see `write_atomically`), as are the records kept
+in runtime.cache_dir (the steps_per_execution choices, the host's peak).
+
+A checkpoint is whole once the `checkpoint` index file in checkpoints/ names it: TensorFlow writes
+that file (atomically) after the checkpoint's own files, including for a checkpoint written in the
+background (train.async_checkpoint; callbacks.save_checkpoint).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
@@ -151,19 +157,22 @@ def restore_newest_readable(
     A save cut short (the VM stopped mid-write, a truncated file on a full disk) leaves a newest
     checkpoint that cannot be read: that is not fatal, the one before it is used, and the log says so.
     A checkpoint written before the input's cursor (`cursor`, the checkpoint's `input`) existed is
-    restored without it: the cursor then reports nothing restored.
+    restored without it: the cursor then reports nothing restored. One written before the model's
+    random generators were saved (core/model.py) is restored without them, and the log says so.
     """
     for path in reversed(manager.checkpoints):
         try:
-            if cursor is not None:
-                cursor.restored = None
-                if not saved_in(path):
-                    tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer).restore(
-                        path
-                    ).assert_existing_objects_matched()
-                    return path
-            # Whatever the checkpoint holds beyond `checkpoint` (the input's cursor, for `make eval`) stays unread.
-            checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
+            generators = getattr(checkpoint.model, "random_generators", None)
+            if generators and not any(name.startswith(GENERATORS) for name, _ in tf.train.list_variables(path)):
+                with _left_out(checkpoint.model, "random_generators"):
+                    _restore(checkpoint, path, cursor)
+                print(
+                    f"checkpoint {path} holds no random generators (written before they were saved): dropout "
+                    "masks are drawn afresh from here",
+                    flush=True,
+                )
+            else:
+                _restore(checkpoint, path, cursor)
             return path
         except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
             detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
@@ -177,3 +186,30 @@ def restore_newest_readable(
             "or set runtime.output_dir to a new run directory"
         )
     return None
+
+
+GENERATORS = "model/random_generators/"
+"""Where a checkpoint keeps the state of the model's random generators (core/model.py)."""
+
+
+def _restore(checkpoint: tf.train.Checkpoint, path: str, cursor) -> None:
+    if cursor is not None:
+        cursor.restored = None
+        if not saved_in(path):
+            tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer).restore(
+                path
+            ).assert_existing_objects_matched()
+            return
+    # Whatever the checkpoint holds beyond `checkpoint` (the input's cursor, for `make eval`) stays unread.
+    checkpoint.restore(path).assert_existing_objects_matched().expect_partial()
+
+
+@contextlib.contextmanager
+def _left_out(model, attribute: str):
+    """`model` without what its tracked list `attribute` holds, for the length of the block."""
+    kept = list(getattr(model, attribute))
+    setattr(model, attribute, [])
+    try:
+        yield
+    finally:
+        setattr(model, attribute, kept)

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from . import goodput, input_pipeline
 from .model import build_model, compile_model
+from .run_dir import write_atomically
 
 TOLERANCE = 0.05
 ROUNDS = 3
@@ -237,9 +238,10 @@ def _ignored(path: str, why: str) -> None:
 
 
 def write_cache(path: str, stored: dict) -> None:
+    """Writes the record whole or not at all (`write_atomically`): a write that fails or is killed
+    leaves the record before it."""
     tf.io.gfile.makedirs(path.rsplit("/", 1)[0])
-    with tf.io.gfile.GFile(path, "w") as handle:
-        json.dump(stored, handle, indent=2)
+    write_atomically(path, json.dumps(stored, indent=2) + "\n")
 
 
 # ----------------------------------------------------------------------------- a start's decision

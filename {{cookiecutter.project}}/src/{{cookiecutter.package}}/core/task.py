@@ -68,6 +68,9 @@ line saying what each became):
         manifest_fields(stats, data_config, artifacts, vocabularies), predict_inputs(inputs, manifest,
         export_dir), predictions(inputs, outputs, manifest, export_dir)
 
+Since then `parse_batch` takes the batch's random key, `seed` (see the member); a task whose
+parse_batch does not take it is refused at load the same way.
+
 The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
 reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
 (highest or lowest, as `higher_is_better` says) and prints what `predictions` returns.
@@ -271,12 +274,30 @@ REORDERED = {
 """The members that kept their names from the first edition but take their parameters in another
 order (`categories` became `vocabularies`, a dict by field; `predictions` gets the batch first)."""
 
+ADDED_PARAMETERS = {
+    "parse_batch": (
+        "seed",
+        "parse_batch(serialized, manifest, training=False, seed=None), drawing any augmentation from seed "
+        "with tf.random.stateless_* ops",
+    ),
+}
+"""Members that take a parameter they did not take before, which the core passes by name: member ->
+(the parameter, what the member must look like). `Task.__new__` refuses a task whose member lacks it
+(a call would fail at the first batch, deep inside tf.data)."""
+
+
+def _takes(function, parameter: str) -> bool:
+    """Whether `function` accepts `parameter` by name (itself, or through **kwargs)."""
+    parameters = inspect.signature(function).parameters
+    return parameter in parameters or any(each.kind is inspect.Parameter.VAR_KEYWORD for each in parameters.values())
+
 
 class OutdatedTask(IncompleteTask):
     """Raised on instantiating a `Task` subclass that defines members the core no longer calls: a
-    name of the contract's first edition (`FIRST_EDITION`), or a `split_metrics` without the
-    `split_metric_names` it returns. Reported by `tasks.load` like a missing member, in one line
-    that says what each became, with the file of the class that defines them."""
+    name of the contract's first edition (`FIRST_EDITION`), a `split_metrics` without the
+    `split_metric_names` it returns, or a member without a parameter the core now passes it
+    (`ADDED_PARAMETERS`). Reported by `tasks.load` like a missing member, in one line that says what
+    each became, with the file of the class that defines them."""
 
     def __init__(self, task_class: type, found: list[str], defined_in: type):
         changes = [
@@ -288,6 +309,7 @@ class OutdatedTask(IncompleteTask):
                 else f"{name} is now {FIRST_EDITION[name]}"
             )
             for name in found
+            if name not in ADDED_PARAMETERS
         ]
         reordered = [
             signature
@@ -296,10 +318,20 @@ class OutdatedTask(IncompleteTask):
         ]
         if reordered:
             changes.append(f"these keep their names, with their parameters now in this order: {', '.join(reordered)}")
-        self.problem = f"defines members the core no longer calls: {'; '.join(changes)}"
+        problems = [f"defines members the core no longer calls: {'; '.join(changes)}"] if changes else []
+        problems += [
+            f"defines {name} without the {ADDED_PARAMETERS[name][0]} parameter the core passes it: make it "
+            f"{ADDED_PARAMETERS[name][1]}"
+            for name in found
+            if name in ADDED_PARAMETERS
+        ]
+        self.problem = "; ".join(problems)
         TypeError.__init__(self, f"{task_class.__qualname__} {self.problem}")
         self.task_class = task_class
-        self.missing = [FIRST_EDITION.get(name, "split_metric_names").split("(")[0] for name in found]
+        self.missing = [
+            name if name in ADDED_PARAMETERS else FIRST_EDITION.get(name, "split_metric_names").split("(")[0]
+            for name in found
+        ]
         self.task_file = inspect.getfile(defined_in)
 
 
@@ -315,6 +347,7 @@ class Task(abc.ABC):
         found = [name for name in FIRST_EDITION if any(name in vars(klass) for klass in mine)]
         if cls.split_metrics is not Task.split_metrics and not cls.split_metric_names:
             found.append("split_metrics")
+        found += [name for name, (added, _) in ADDED_PARAMETERS.items() if not _takes(getattr(cls, name), added)]
         if found:
             defined_in = next(klass for klass in mine if found[0] in vars(klass))
             raise OutdatedTask(cls, found, defined_in)
@@ -437,10 +470,18 @@ class Task(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
         """A batch of serialized examples -> (features, targets), with static shapes.
         `training` is True for the train split: the place for random augmentation, which runs here,
-        on the host, inside the input pipeline's parallel map; False gives deterministic features."""
+        on the host, inside the input pipeline's parallel map; False gives deterministic features.
+
+        `seed` is the batch's random key in training: an int64 [2] tensor, a function of the batch's
+        place in the train order alone, so a resumed run hands the same batch the same key. Draw
+        every augmentation from it with `tf.random.stateless_*` ops (`stateless_fold_in(seed, i)` for
+        the i-th of several draws; a draw over the batch gives example j its j-th numbers): the
+        resumed run then crops and flips as the uninterrupted one did, where a stateful op
+        (`tf.random.uniform`) draws afresh at every start. None outside training, and in training
+        where no order is resumed (`make bench`'s input, a test): draw unseeded then."""
 
     @abc.abstractmethod
     def padding_record(self, manifest: Manifest) -> bytes:

@@ -203,6 +203,8 @@ class Trainer:
                 start.manifest,
                 seed=order.seed,
                 start_step=restored.initial_step - order.from_step,
+                first_epoch=order.first_epoch,
+                pending=order.pending,
             )
             if restored.remaining > 0
             else None
@@ -265,13 +267,19 @@ class Trainer:
                 profile_window.stop()
                 writer.flush()
             self.clock.move(report.evaluation_seconds, goodput.TRAINING, goodput.EVALUATION)
+            if report.checkpoint_blocking_seconds:  # the saves held training: booked apart, as a loss
+                self.clock.move(sum(report.checkpoint_blocking_seconds), goodput.TRAINING, goodput.CHECKPOINT)
             if restored.remaining > 0:
                 # From the last step's callback to fit() returning: releasing the input iterators. Near
                 # 0 s; the tf.data autotuning race described in input_pipeline.py made it minutes.
                 self.clock.move(time.perf_counter() - report.end_time, goodput.TRAINING, goodput.END_OF_FIT)
-        if report.save_seconds:
-            seconds = report.save_seconds
-            print(f"checkpoint save: {max(seconds):.2f} s at most ({len(seconds)} saves)", flush=True)
+        if report.checkpoint_blocking_seconds:
+            held = report.checkpoint_blocking_seconds
+            print(
+                f"checkpoint saves held training {sum(held):.2f} s ({max(held):.2f} s at most"
+                + (", written in the background)" if cfg.train.async_checkpoint else ")"),
+                flush=True,
+            )
         return report
 
     def callbacks(
@@ -293,7 +301,9 @@ class Trainer:
             callbacks.StepLog(step, cfg, writer, step_metric_names(cfg, task, manifest), utilisation, report),
             callbacks.GoodputProgress(step, cfg.train.log_every, cfg.train.total_steps, progress.write),
             profile_window,
-            callbacks.Checkpoints(step, restored.manager, cfg.train.checkpoint_every, report),
+            callbacks.Checkpoints(
+                step, restored.manager, cfg.train.checkpoint_every, report, cfg.train.async_checkpoint, writer
+            ),
             preemption,
             callbacks.PeriodicEvaluation(
                 step,
@@ -351,7 +361,7 @@ class Trainer:
         stop = report.stop
         if stop is None and restored.remaining > 0 and step < cfg.train.total_steps:  # another callback's stop
             stop = callbacks.Stop(goodput.STOPPED_EARLY, f"a callback set model.stop_training at step {step}")
-        with self.clock.phase(goodput.TRAINING):
+        with self.clock.phase(goodput.CHECKPOINT):  # whole before anything reads it (the export, make eval)
             callbacks.save_checkpoint(restored.manager, step, report)
         with self.clock.phase(goodput.EVALUATION):
             metrics = self.final_evaluation(start, restored, ready, report)
@@ -388,8 +398,10 @@ class Trainer:
         metrics.update(examples_per_second=throughput, mixed_precision=cfg.runtime.mixed_precision)
         if report.utilisation is not None and throughput > 0:
             metrics.update(report.utilisation.metrics(throughput / cfg.effective_batch_size))
-        if report.save_seconds:
-            metrics["checkpoint_save_seconds"] = round(max(report.save_seconds), 3)
+        if report.checkpoint_write_seconds:  # the longest save, for the preemption window (make doctor)
+            metrics["checkpoint_save_seconds"] = round(max(report.checkpoint_write_seconds), 3)
+        if report.checkpoint_blocking_seconds:
+            metrics["checkpoint_blocking_seconds"] = round(sum(report.checkpoint_blocking_seconds), 3)
         if restored.remaining > 0:  # a start that only evaluates measures no training step
             metrics.update(measured_memory(cfg, task, start.target, manifest))
         names = metric_names(cfg, task, manifest)

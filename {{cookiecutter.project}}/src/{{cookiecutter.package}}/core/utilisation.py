@@ -21,6 +21,7 @@ import time
 import tensorflow as tf
 
 from . import memory, topology
+from .run_dir import write_atomically
 from .steps_per_execution import cache_dir
 from .topology import Target
 
@@ -64,12 +65,13 @@ def measure_host_peak(precision: str, size: int = 2048, seconds: float = 3.0) ->
 
 
 def store_host_peak(configured_cache_dir: str, precision: str, flops: float) -> str:
+    """Adds this host's peak in `precision` to the record of peaks, written whole or not at all
+    (`write_atomically`): a write that fails or is killed leaves the record before it."""
     path = host_peak_path(configured_cache_dir)
     stored = _read(path)
     stored[_host_key(precision)] = flops
     tf.io.gfile.makedirs(os.path.dirname(path))
-    with tf.io.gfile.GFile(path, "w") as handle:
-        json.dump(stored, handle, indent=2, sort_keys=True)
+    write_atomically(path, json.dumps(stored, indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -34,7 +34,7 @@ def load(name: str, where: str = ""):
     does not fulfil the contract (a required member left out, no `TASK`), naming what it lacks and
     where, at load: not minutes later, when the core first calls what is missing; and so is one that
     defines a member the core no longer calls (a name of the contract's first edition), saying what it
-    became."""
+    became, or a member without a parameter the core passes it (parse_batch's `seed`)."""
     if name not in available():
         from ..core.errors import UserError
 

@@ -179,7 +179,7 @@ class NewTask(Task):
                 "or re-run `make preprocess`"
             )
 
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
         import tensorflow as tf
 
         parsed = tf.io.parse_example(

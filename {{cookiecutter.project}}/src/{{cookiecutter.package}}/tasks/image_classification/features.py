@@ -150,20 +150,33 @@ def centre_windows(batch_size, side: int, image_size: int):
     return tf.tile(tf.constant([[offset, offset, image_size, image_size]], tf.int32), [batch_size, 1])
 
 
-def random_windows(batch_size, side: int, min_area: float):
+def uniform(shape, seed, draw: int, minval=0.0, maxval=1.0):
+    """Floats uniform in [minval, maxval): with a `seed` (an int64 [2] stateless key, `Task.parse_batch`'s),
+    a pure function of it and `draw` (which of the batch's draws this is), so the same batch draws the
+    same numbers in every run; without one, unseeded (a benchmark's draws)."""
+    import tensorflow as tf
+
+    if seed is None:
+        return tf.random.uniform(shape, minval, maxval)
+    key = tf.random.experimental.stateless_fold_in(seed, draw)
+    return tf.random.stateless_uniform(shape, key, minval, maxval)
+
+
+def random_windows(batch_size, side: int, min_area: float, seed=None):
     """[batch, 4] int32 (y, x, height, width) random-resized-crop windows inside a `side` square:
     area uniform in [min_area, 1] of the image, log-uniform aspect ratio in CROP_ASPECT_RANGE, and a
     uniform position. A window too wide or too tall for the image is clipped to it (torchvision
-    resamples instead; clipping keeps this one vectorised op per batch)."""
+    resamples instead; clipping keeps this one vectorised op per batch). Drawn from `seed` (see
+    `uniform`): example i of a batch gets the i-th numbers of each draw."""
     import tensorflow as tf
 
-    area = tf.random.uniform([batch_size], min_area, 1.0) * side * side
+    area = uniform([batch_size], seed, 0, min_area, 1.0) * side * side
     log_low, log_high = (math.log(ratio) for ratio in CROP_ASPECT_RANGE)
-    aspect = tf.exp(tf.random.uniform([batch_size], log_low, log_high))
+    aspect = tf.exp(uniform([batch_size], seed, 1, log_low, log_high))
     width = tf.clip_by_value(tf.cast(tf.round(tf.sqrt(area * aspect)), tf.int32), 1, side)
     height = tf.clip_by_value(tf.cast(tf.round(tf.sqrt(area / aspect)), tf.int32), 1, side)
-    y = tf.cast(tf.random.uniform([batch_size]) * tf.cast(side - height + 1, tf.float32), tf.int32)
-    x = tf.cast(tf.random.uniform([batch_size]) * tf.cast(side - width + 1, tf.float32), tf.int32)
+    y = tf.cast(uniform([batch_size], seed, 2) * tf.cast(side - height + 1, tf.float32), tf.int32)
+    x = tf.cast(uniform([batch_size], seed, 3) * tf.cast(side - width + 1, tf.float32), tf.int32)
     return tf.stack([tf.minimum(y, side - height), tf.minimum(x, side - width), height, width], axis=1)
 
 
@@ -191,20 +204,29 @@ def crop_windows(images, windows, image_size: int, encoding: str, resize: bool):
     )
 
 
-def random_flip(images):
-    """Mirrors a random half of a uint8 [batch, H, W, 3] batch left-right (one vectorised select)."""
+def random_flip(images, seed=None):
+    """Mirrors a random half of a uint8 [batch, H, W, 3] batch left-right (one vectorised select),
+    drawn from `seed` (see `uniform`)."""
     import tensorflow as tf
 
-    flip = tf.random.uniform([tf.shape(images)[0]]) < 0.5
+    flip = uniform([tf.shape(images)[0]], seed, 4) < 0.5
     return tf.where(flip[:, None, None, None], tf.reverse(images, axis=[2]), images)
 
 
-def parse_batch(serialized, image_size: int, encoding: str = "raw", augment: bool = False, min_crop_area: float = 1.0):
+def parse_batch(
+    serialized,
+    image_size: int,
+    encoding: str = "raw",
+    augment: bool = False,
+    min_crop_area: float = 1.0,
+    seed=None,
+):
     """Parses a batch of serialized examples into (uint8 images [B, size, size, 3], int32 labels [B]).
 
-    `augment` (training only): a random-resized crop and a random horizontal flip per example;
-    otherwise the centre `image_size` crop (JPEG) or the stored pixels (raw), the same every time.
-    The random ops draw from TensorFlow's global seed (`runtime.seed`)."""
+    `augment` (training only): a random-resized crop and a random horizontal flip per example, drawn
+    from the batch's `seed` (an int64 [2] stateless key: the same key, the same crops and flips;
+    None draws unseeded); otherwise the centre `image_size` crop (JPEG) or the stored pixels (raw),
+    the same every time."""
     import tensorflow as tf
 
     parsed = tf.io.parse_example(
@@ -222,8 +244,8 @@ def parse_batch(serialized, image_size: int, encoding: str = "raw", augment: boo
     if encoding == "raw":
         images = tf.reshape(tf.io.decode_raw(images, tf.uint8), [-1, side, side, CHANNELS])
     if augment:
-        windows = random_windows(batch_size, side, min_crop_area)
-        images = random_flip(crop_windows(images, windows, image_size, encoding, resize=True))
+        windows = random_windows(batch_size, side, min_crop_area, seed)
+        images = random_flip(crop_windows(images, windows, image_size, encoding, resize=True), seed)
     elif encoding == "jpeg":
         windows = centre_windows(batch_size, side, image_size)
         images = crop_windows(images, windows, image_size, encoding, resize=False)

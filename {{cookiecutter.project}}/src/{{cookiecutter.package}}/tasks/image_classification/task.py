@@ -178,7 +178,7 @@ class ImageClassificationTask(ClassificationTask):
         # export's copy of the manifest then records how the model was trained).
         manifest["augmentation"] = {"min_crop_area": data_config.min_crop_area} if data_config.augment else None
 
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
         augmentation = manifest.get("augmentation") if training else None
         return features.parse_batch(
             serialized,
@@ -186,6 +186,7 @@ class ImageClassificationTask(ClassificationTask):
             _encoding(manifest),
             augment=augmentation is not None,
             min_crop_area=(augmentation or {}).get("min_crop_area", 1.0),
+            seed=seed,
         )
 
     def padding_record(self, manifest: Manifest) -> bytes:

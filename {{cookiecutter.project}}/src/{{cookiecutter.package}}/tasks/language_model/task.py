@@ -144,7 +144,7 @@ class LanguageModelTask(Task):
     def check_manifest(self, manifest: Manifest, data_config: LanguageModelDataConfig, data_dir: str) -> None:
         raw.check_shards(manifest, data_config, data_dir, "windows")
 
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
         return packing.parse_batch(serialized, manifest["seq_len"])
 
     def padding_record(self, manifest: Manifest) -> bytes:

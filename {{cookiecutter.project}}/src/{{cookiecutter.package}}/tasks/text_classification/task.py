@@ -137,7 +137,7 @@ class TextClassificationTask(ClassificationTask):
                 f"`make preprocess ARGS=data.truncation={data_config.truncation}`"
             )
 
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
         return tokenizer.parse_batch(serialized, manifest["seq_len"])
 
     def padding_record(self, manifest: Manifest) -> bytes:
