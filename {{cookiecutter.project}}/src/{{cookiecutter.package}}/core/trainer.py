@@ -29,7 +29,7 @@ from .evaluation import describe, evaluate_model, judged, write_eval_summaries
 from .keras import keras
 from .levers import out_of_memory_reported, replica_hbm_bytes
 from .model import build_model, compile_model, metric_names, step_metric_names
-from .run_dir import RunRecord, export, latest_checkpoint, restore_newest_readable, run_path
+from .run_dir import RunRecord, export, latest_checkpoint, restore_newest_readable, run_path, write_atomically
 from .topology import Target
 
 
@@ -219,8 +219,7 @@ class Trainer:
         if settled.calibration:
             start.record.update(calibration=settled.calibration)
         if restored.remaining > 0:
-            with tf.io.gfile.GFile(run_path(cfg.runtime.output_dir, "config.yaml"), "w") as handle:
-                handle.write(config_lib.dump(cfg))
+            write_atomically(run_path(cfg.runtime.output_dir, "config.yaml"), config_lib.dump(cfg))
         print(
             f"steps_per_execution {cfg.train.steps_per_execution}; checkpoints every {cfg.train.checkpoint_every} "
             f"steps to {restored.manager.directory}"
