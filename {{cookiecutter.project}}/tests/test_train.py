@@ -549,8 +549,8 @@ def test_a_restart_after_a_truncated_save_resumes_from_the_one_before(finished_r
     monkeypatch.setattr(
         input_pipeline,
         "training_dataset",
-        lambda *args, seed, start_step=0: (
-            starts.append((seed, start_step)) or feeds(*args, seed=seed, start_step=start_step)
+        lambda *args, seed, start_step=0, **order: (
+            starts.append((seed, start_step)) or feeds(*args, seed=seed, start_step=start_step, **order)
         ),
     )
     cfg = config.load(str(run / "config.yaml"), [f"runtime.output_dir={run}", "train.total_steps=56"], registry=tasks)

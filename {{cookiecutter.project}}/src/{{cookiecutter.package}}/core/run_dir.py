@@ -24,7 +24,6 @@ import uuid
 import tensorflow as tf
 
 from .errors import UserError
-from .input_cursor import saved_in
 
 METRICS = "metrics.json"
 
@@ -162,17 +161,19 @@ def restore_newest_readable(
     """
     for path in reversed(manager.checkpoints):
         try:
+            names = [name for name, _ in tf.train.list_variables(path)]
+            with_cursor = any(name.startswith(CURSOR) for name in names)
             generators = getattr(checkpoint.model, "random_generators", None)
-            if generators and not any(name.startswith(GENERATORS) for name, _ in tf.train.list_variables(path)):
+            if generators and not any(name.startswith(GENERATORS) for name in names):
                 with _left_out(checkpoint.model, "random_generators"):
-                    _restore(checkpoint, path, cursor)
+                    _restore(checkpoint, path, cursor, with_cursor)
                 print(
                     f"checkpoint {path} holds no random generators (written before they were saved): dropout "
                     "masks are drawn afresh from here",
                     flush=True,
                 )
             else:
-                _restore(checkpoint, path, cursor)
+                _restore(checkpoint, path, cursor, with_cursor)
             return path
         except Exception as error:  # noqa: BLE001 - a cut-short file fails in many ways (OpError, IndexError, ...)
             detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
@@ -190,12 +191,14 @@ def restore_newest_readable(
 
 GENERATORS = "model/random_generators/"
 """Where a checkpoint keeps the state of the model's random generators (core/model.py)."""
+CURSOR = "input/"
+"""Where a checkpoint keeps the input's cursor (core/input_cursor.py)."""
 
 
-def _restore(checkpoint: tf.train.Checkpoint, path: str, cursor) -> None:
+def _restore(checkpoint: tf.train.Checkpoint, path: str, cursor, with_cursor: bool) -> None:
     if cursor is not None:
         cursor.restored = None
-        if not saved_in(path):
+        if not with_cursor:
             tf.train.Checkpoint(model=checkpoint.model, optimizer=checkpoint.optimizer).restore(
                 path
             ).assert_existing_objects_matched()
