@@ -14,6 +14,7 @@ from conftest import ROOT, TASKS, TPU_TYPES, VENV, bake
 
 EXPECTED_FILES = {
     ".cruft.json", ".gitignore", ".pre-commit-config.yaml", ".github/workflows/ci.yml", "Makefile", "README.md", "project.mk", "tpu.mk", "pyproject.toml",
+    "launch.mk", "Dockerfile", ".dockerignore",
     "requirements.txt", "requirements-dev.txt",
     "configs/base.yaml", "configs/local.yaml", "configs/local-real.yaml", "configs/tpu.yaml", "configs/pod.yaml",
     "scripts/lib.sh", "scripts/pod_train.sh", "scripts/run.sh", "scripts/setup.sh", "scripts/tmux_run.sh",
@@ -22,13 +23,14 @@ EXPECTED_FILES = {
         "__init__", "bench_input", "bench_memory", "bench_preprocess", "bench_spe", "bench_startup",
         "capture_profile", "config",
         "doctor/__init__", "doctor/__main__", "doctor/batch", "doctor/data", "doctor/engine", "doctor/memory", "doctor/model",
-        "doctor/tpu_vm", "doctor/training", "evaluate", "new_task", "parity", "predict", "preprocess", "real_data", "sample_data",
+        "doctor/tpu_vm", "doctor/training", "evaluate", "launch/__init__", "launch/gke", "launch/vertex", "new_task", "parity", "predict", "preprocess", "real_data", "sample_data",
         "tasks/__init__", "train")),
     # The library the commands share.
     *(f"src/{{package}}/core/{name}.py" for name in (
         "__init__", "baselines", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_cursor", "input_pipeline",
         "keras", "levers", "memory", "model", "native_logs", "optimizers", "precision", "preemption", "preprocessing", "profiler",
-        "recompute", "run_dir", "schedule", "steps_per_execution", "task", "topology", "trainer", "utilisation")),
+        "recompute", "run_dir", "schedule", "steps_per_execution", "support", "task", "tensorflow_sets", "topology", "trainer",
+        "utilisation")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/base.yaml", "configs/local.yaml",
@@ -38,7 +40,7 @@ EXPECTED_FILES = {
         "test_flops_loops",
         "test_gcs_emulator",
         "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_parity_randomness", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
-        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train")),
+        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train", "test_vertex", "test_gke")),
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"

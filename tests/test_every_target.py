@@ -55,6 +55,7 @@ PROFILED_JOB_ARGS = f"{SMALL_ARGS} train.total_steps=100000 runtime.output_dir=r
 #   "after":   on the small finished run (data, preprocess and train make it): it must succeed;
 #   "special": run another way, or elsewhere, as it says.
 DRY = ("DRY_RUN=1",)
+GS_ARGS = "data.dir=gs://my-tpu-bucket/tfrecords runtime.output_dir=gs://my-tpu-bucket/runs/tpu"
 TARGETS: dict[str, dict] = {
     "setup": {"special": "run by the `set_up` fixture, which every bake here runs with"},
     "help": {"special": "its listing is what test_every_listed_target_has_a_plan checks"},
@@ -96,6 +97,12 @@ TARGETS: dict[str, dict] = {
     "pod-logs": {"after": DRY},
     "train-bg": {"after": DRY},
     "logs": {"after": DRY},
+    # The launchers: a fresh bake's local data.dir is refused in one line; with gs:// paths, a v5e type
+    # for Vertex AI (the default bake's v4-8 is not offered there) and the bake's own for GKE.
+    "image": {"after": DRY},
+    "vertex-train": {"before": ("TPU_TYPE=v5litepod-8",),
+                     "after": (*DRY, "TPU_TYPE=v5litepod-8", f"ARGS={GS_ARGS}")},
+    "gke-manifest": {"before": (), "after": (f"ARGS={GS_ARGS}",)},
     "new-task": {"before": (), "special": "after: tests/test_generated.py::test_a_new_task_needs_no_edit_outside_its_package"},
     "template-update": {"special": "run by tests/test_update.py against a newer commit of a template clone"},
     "clean": {"special": "on bakes of their own (it removes data and runs): with nothing to remove, and after"},
@@ -123,6 +130,8 @@ DRY_RUN_COMMANDS = {
     "pod-logs": rf"{GCLOUD} ssh \S+ .*--worker=0 --command='tail -n \d+ -F \S+/worker-0.log'$",
     "train-bg": r"^tmux new-session -d -s train .* -- make train CONFIG=\S+$",
     "logs": r"^tail -n \d+ -F logs/train.log$",
+    "image": r"^docker build --tag \S+-docker\.pkg\.dev/\S+/train:\S+ \.$",
+    "vertex-train": r'"machineType": "ct5lp-hightpu-8t"',
 }
 # What each benchmark's last line (JSON) holds: its own figures.
 BENCH_FIGURES = {
@@ -252,6 +261,7 @@ def test_make_help_groups_the_targets_daily_ones_first(fresh_project):
         "Inspect and troubleshoot:",
         "Benchmark:",
         "TPU VM and Pod slice:",
+        "Vertex AI and GKE:",
         "The project itself:",
     ], headings
     run = lines[1 : lines.index("Inspect and troubleshoot:")]
@@ -467,6 +477,8 @@ def check_target_works(project: Path, target: str) -> None:
                    r"synchronised the curves agree" if per_replica_norms else r"^verdict: agree: 2 replicas train as one")
         assert re.search(verdict, output, re.MULTILINE), output
         assert re.search(r"^precision: ", output, re.MULTILINE), output
+    if target == "gke-manifest":  # the default bake's v4-8: one host of a 2x2x1 slice, its 4 chips
+        assert "cloud.google.com/gke-tpu-topology: 2x2x1" in output and "google.com/tpu: '4'" in output, output
     if target.startswith("bench"):
         last_line = result.stdout.strip().splitlines()[-1]  # the figures as JSON, after the logs
         figures = json.loads(last_line)

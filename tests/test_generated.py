@@ -196,6 +196,38 @@ def test_language_project_tests_pass(set_up_project, language_project):
     assert " passed" in output and " failed" not in output
 
 
+@pytest.mark.slow
+def test_the_tpu_vms_tensorflow_set_passes_the_fast_tier_and_trains(tmp_path):
+    """requirements.txt's other TensorFlow set, the one a TPU VM gets (TF=2.19: tensorflow 2.19.1 and
+    what moves with it), on the CPU: `make setup TF=2.19` installs it into a virtualenv of its own
+    (from the package index), then a v5e bake's fast tier passes and a short `make train` runs."""
+    project = bake(tmp_path, project="tf-set", task="language_model", tpu_type="v5litepod-8")
+    venv = tmp_path / "venv-tf2.19"
+    env = project_env()
+
+    def run(*arguments, timeout=3600):
+        result = subprocess.run(["make", *arguments, f"VENV={venv}"], cwd=project, env=env, capture_output=True,
+                                text=True, timeout=timeout)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"make {' '.join(arguments)} failed:\n{output[-6000:]}"
+        return output
+
+    assert "Installed TensorFlow set 2.19" in run("setup", "TF=2.19", timeout=1800)
+    installed = subprocess.run([str(venv / "bin/python"), "-c", "import importlib.metadata as m; print(*(m.version(p) "
+                                "for p in ('tensorflow', 'tf-keras', 'tensorboard', 'apache-beam', 'protobuf')))"],
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert installed[:4] == ["2.19.1", "2.19.0", "2.19.0", "2.75.0"] and installed[4].startswith("5."), installed
+    output = run("test")
+    assert " passed" in output and " failed" not in output
+    run("data", "SMALL=1")
+    run("preprocess")
+    train = run("train", "ARGS=train.total_steps=20 train.steps_per_execution=5 train.log_every=10 "
+                "train.checkpoint_every=10 runtime.cpu_devices=2")
+    assert "MirroredStrategy on CPU, 2 replicas" in train and re.search(r"^step +20/20 ", train, re.MULTILINE), train[-3000:]
+    doctor = run("doctor", "ARGS=runtime.cpu_devices=2")
+    assert re.search(r"^PASS +tpu\.support +TF 2\.19\.1 on v5litepod-8 ", doctor, re.MULTILINE), doctor[-3000:]
+
+
 @pytest.mark.release
 def test_language_end_to_end_beats_the_unigram_baseline(set_up_project, language_project):
     """The language model as a user runs it: data -> preprocess (tokenizer, packing) -> train -> eval ->

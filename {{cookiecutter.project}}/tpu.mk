@@ -47,7 +47,10 @@ export TF_PLUGGABLE_DEVICE_LIBRARY_PATH ?= $(LIBTPU_SO)
 endif
 
 # ---- The TPU: type, hosts, software -----------------------------------------------------------
-TF_VERSION := $(shell sed -n -E 's/^tensorflow[[:space:]]*==[[:space:]]*([^[:space:];\#]+).*/\1/p' requirements.txt)
+# The TensorFlow version a TPU VM runs: the set `make setup` installs there (requirements.txt's
+# "TPU VM default" set, or TF=...; core/tensorflow_sets.py reads them).
+TF ?=
+TF_VERSION := $(shell python3 src/{{ cookiecutter.package }}/core/tensorflow_sets.py --tpu-vm --set '$(TF)' --print tensorflow)
 TPU_GENERATION = $(firstword $(subst -, ,$(TPU_TYPE)))
 TPU_SIZE = $(lastword $(subst -, ,$(TPU_TYPE)))
 # Every generation puts at most 8 TensorCores (v2-v4, v5p: the number counts cores) or 8 chips
@@ -61,7 +64,7 @@ TPU_POD ?= $(if $(filter 1 2 4 8,$(TPU_SIZE)),0,1)
 #   older / v5e / v5p / v6e.
 # * Pod slice: tpu-vm-tf-<TF_VERSION>-pod-pjrt. Only the -pod images run the tpu-runtime service,
 #   the TensorFlow server every worker must run for TPUStrategy (see scripts/pod_train.sh), and
-#   its TensorFlow version must equal the one in requirements.txt. `make tpu-versions` lists what
+#   its TensorFlow version must equal the one `make setup` installs (TF_VERSION). `make tpu-versions` lists what
 #   the zone offers; set RUNTIME_VERSION=... if it names the image differently.
 RUNTIME_v2 = tpu-ubuntu2204-base
 RUNTIME_v3 = tpu-ubuntu2204-base

@@ -22,7 +22,12 @@ BUCKET = "gs://my-tpu-bucket"
 LOCAL = str(PROJECT / "configs/local.yaml")
 # What a machine that never ran `gcloud auth application-default login` has: no ADC file, no key
 # file, no emulator (the GCE metadata variables stay on conftest's closed loopback port).
-CLEARED = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+CLEARED = (
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+    "ON_GOOGLE_CLOUD",
+)
 
 
 @pytest.fixture
@@ -40,6 +45,17 @@ def assert_one_line_about(error: str, *names: str) -> None:
     assert "\n" not in error, error
     assert "needs Google Cloud credentials" in error and "gcloud auth application-default login" in error, error
     assert "GOOGLE_APPLICATION_CREDENTIALS" in error and all(name in error for name in names), error
+
+
+def test_the_training_image_uses_the_metadata_servers_credentials(no_credentials, monkeypatch):
+    """In the project's image (ON_GOOGLE_CLOUD=1, the Dockerfile's) the job's service account is the
+    credential even where the container does not see the host's DMI: training asks the metadata
+    server (here conftest's closed port) instead of refusing for want of a key file."""
+    monkeypatch.setenv("ON_GOOGLE_CLOUD", "1")
+    assert gcp.on_google_cloud()
+    with pytest.raises(UserError) as raised:
+        train.main(["--config", LOCAL, f"data.dir={BUCKET}/tfrecords"])
+    assert "the VM's service account" in str(raised.value) and "needs Google Cloud credentials" not in str(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,11 @@ import pytest
 
 from conftest import DATA_OVERRIDES
 
-from {{ cookiecutter.package }}.core import baselines, config, topology
+from {{ cookiecutter.package }}.core import baselines, config, support, topology
 from {{ cookiecutter.package }} import doctor, tasks
 from {{ cookiecutter.package }}.doctor import data as data_rules
 from {{ cookiecutter.package }}.doctor import engine, tpu_vm
-from {{ cookiecutter.package }}.core.errors import run_cli
+from {{ cookiecutter.package }}.core.errors import UserError, run_cli
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONFIGS = PROJECT / "configs"
@@ -74,6 +74,9 @@ def test_make_doctor_passes_on_the_local_defaults(data_dir, tmp_path):
     assert "target: CPU, 8 replicas" in result.stdout
     assert "PASS  batch.divisible" in result.stdout
     assert "0 failed" in result.stdout
+    # The support matrix's line for the project's TPU type, whatever the target.
+    [support_line] = [line for line in result.stdout.splitlines() if "tpu.support" in line]
+    assert f"on {topology.DEFAULT_TPU_TYPE} (" in support_line, support_line
     for rule in ("tpu.devices", "tpu.software", "tpu.lock_file", "tpu.log_dir"):
         assert f"SKIP  {rule}" in result.stdout and engine.NOT_A_TPU_VM in result.stdout
 
@@ -424,13 +427,85 @@ def test_tpu_device_files(fake_vm):
 
 def test_tpu_software_versions():
     good = {"tensorflow": None, "tensorflow-tpu": "2.20.0", "libtpu": "0.0.14", "libtpu-nightly": None}
-    assert tpu_vm.check_software(good, "2.20.0").status == engine.PASS
-    assert "tensorflow-tpu 2.20.0, libtpu 0.0.14" in tpu_vm.check_software(good, "2.20.0").message
-    assert tpu_vm.check_software(good, "2.21.0").status == engine.WARN
+    assert tpu_vm.check_software(good, ["2.19.1", "2.20.0"]).status == engine.PASS
+    assert "tensorflow-tpu 2.20.0, libtpu 0.0.14" in tpu_vm.check_software(good, ["2.20.0"]).message
+    assert tpu_vm.check_software(good, ["2.19.1", "2.21.0"]).status == engine.WARN
     for broken in ({**good, "tensorflow-tpu": None}, {**good, "libtpu": None}, {**good, "tensorflow": "2.20.0"}):
-        verdict = tpu_vm.check_software(broken, "2.20.0")
+        verdict = tpu_vm.check_software(broken, ["2.20.0"])
         assert verdict.status == engine.FAIL and "make setup" in verdict.fix
-    assert tpu_vm._pinned_tensorflow(PROJECT / "requirements.txt")
+    # Every set of requirements.txt counts: the default's and the TPU VM default's tensorflow.
+    text = (PROJECT / "requirements.txt").read_text()
+    pinned = tpu_vm._pinned_tensorflow(PROJECT / "requirements.txt")
+    assert f"tensorflow=={pinned[-1]}" in text.splitlines() and f"tensorflow=={pinned[0]}" in text, pinned
+    assert len(pinned) == 2
+
+
+@pytest.mark.parametrize(
+    "tpu_type, version, supported, found, fix",
+    [
+        # Google's TF tests ran 2.18 on v4, v5e and v5p; Keras names 2.19.1 the last TF for TPUs.
+        ("v5litepod-8", "2.19.1", True, "TF 2.18", ""),
+        ("v4-8", "2.18.0", True, "v4-8 and v4-32", ""),
+        ("v5p-8", "2.19.1", True, "v5p-8", ""),
+        # Newer than any source shows on a TPU.
+        ("v5litepod-8", "2.20.0", False, "newer than any TF", "make setup TF=2.19"),
+        # No Google source for TF on v6e; none at all on TPU7x.
+        ("v6e-8", "2.19.1", False, "no Google source", "v5p-8, v5litepod-8 or v4-8"),
+        ("tpu7x-8", "2.19.1", False, "TensorFlow is not supported", "JAX and PyTorch"),
+        # A Pod slice's workers run a tpu-vm-tf-*-pod-pjrt image: Google documents them up to 2.18.0.
+        ("v4-32", "2.19.1", False, "tpu-vm-tf-2.19.1-pod-pjrt", "make tpu-versions"),
+        ("v5litepod-16", "2.18.0", True, "v5e-16", ""),
+    ],
+)
+def test_the_support_matrix_warns_where_no_source_supports_the_combination(tpu_type, version, supported, found, fix):
+    hosts = 1 if tpu_type.startswith("tpu7x") else topology.topology(tpu_type).hosts
+    finding = support.check(tpu_type, version, hosts)
+    assert finding.supported is supported, finding
+    assert found in finding.message and f"TF {version} on {tpu_type}" in finding.message, finding.message
+    assert fix in finding.fix and bool(finding.fix) is not supported
+
+
+def test_the_readmes_support_matrix_says_what_the_doctor_says():
+    """README.md's matrix: each row's hosts are the topology's, and its verdict for the TPU VM default
+    set is the one tpu.support gives; every generation of core/support.py has a row."""
+    import re
+
+    from {{ cookiecutter.package }}.core import tensorflow_sets
+
+    sets = tensorflow_sets.load(PROJECT / "requirements.txt")
+    version = sets.tensorflow(sets.tpu_default)
+    section = (PROJECT / "README.md").read_text().split("## Which TPU, which TensorFlow\n")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `?([A-Za-z0-9-]+)`? \| *(\d*) *\|.*\| (PASS|WARN)\b[^|]*\|$", section, re.MULTILINE)
+    assert f"`make doctor` (TF {version})" in section
+    assert {name.split("-")[0].lower() for name, _, _ in rows} == set(support.GENERATIONS), rows
+    for name, hosts, said in rows:
+        tpu_type = name if "-" in name else f"{name.lower()}-8"
+        hosts = int(hosts) if hosts else 1
+        if support.GENERATIONS[tpu_type.split("-")[0]].tensorflow:
+            assert hosts == topology.topology(tpu_type).hosts, name
+        assert said == ("PASS" if support.check(tpu_type, version, hosts).supported else "WARN"), name
+
+
+def test_the_support_rule_checks_the_tensorflow_a_tpu_vm_would_run(data_dir, tmp_path, monkeypatch):
+    """Off a TPU VM, the set `make setup` installs on one: its default (2.19) or TF=...; a TPU7x type
+    warns under a CPU target, and is refused in one line as a TPU target."""
+    monkeypatch.delenv("TF", raising=False)
+    results = check(data_dir, tmp_path=tmp_path, tpu_type="v5litepod-8")
+    assert results["tpu.support"].status == engine.PASS, results["tpu.support"]
+    assert "TF 2.19.1 on v5litepod-8" in results["tpu.support"].message
+    assert "(TF 2.19.1: the TPU VM default set of make setup)" in results["tpu.support"].message
+    monkeypatch.setenv("TF", "2.20")
+    results = check(data_dir, tmp_path=tmp_path, tpu_type="v5litepod-8")
+    assert results["tpu.support"].status == engine.WARN and "TF 2.20.0 on v5litepod-8" in results["tpu.support"].message
+    assert "(TF 2.20.0: the set make setup TF=2.20 installs)" in results["tpu.support"].message
+    monkeypatch.delenv("TF")
+    cfg = config.load(str(CONFIGS / "local.yaml"), [f"data.dir={data_dir}", *DATA_OVERRIDES], registry=tasks)
+    target = engine.resolve_target(cfg, target="cpu")
+    context = engine.Context(cfg, tasks.load(tasks.DEFAULT), target, tpu_type="tpu7x-8")
+    verdict = tpu_vm.tpu_support(context)
+    assert verdict.status == engine.WARN and "TensorFlow is not supported" in verdict.message
+    with pytest.raises(UserError, match=r"^--tpu_type tpu7x-8: Google: TensorFlow is not supported on TPU7x; "):
+        engine.resolve_target(cfg, target="tpu", tpu_type="tpu7x-8")
 
 
 def test_tpu_log_dir(tmp_path):
@@ -448,15 +523,18 @@ def test_tpu_vm_rules_skip_off_a_tpu_vm_and_run_on_one(data_dir, tmp_path, fake_
     monkeypatch.setenv("TPU_LOG_DIR", str(tmp_path / "tpu_logs"))
     Path(fake_vm["lock"]).touch()
     # The packages a TPU VM's `make setup` installs (this machine has the CPU build instead).
-    pinned = tpu_vm._pinned_tensorflow()
+    pinned = tpu_vm._pinned_tensorflow()[0]
     tpu_packages = {"tensorflow": None, "tensorflow-tpu": pinned, "libtpu": "0.0.14", "libtpu-nightly": None}
-    monkeypatch.setattr(tpu_vm, "installed_versions", lambda: tpu_packages)
+    monkeypatch.setattr(
+        tpu_vm, "installed_versions", lambda names=(): {name: tpu_packages[name] for name in names or tpu_packages}
+    )
     on_vm = check(data_dir, tmp_path=tmp_path, target="tpu", tpu_type="v4-8", on_tpu_vm=True)
     assert on_vm["tpu.devices"].status == engine.PASS and "4 TPU device files" in on_vm["tpu.devices"].message
     assert on_vm["tpu.lock_file"].status == engine.WARN and on_vm["tpu.lock_file"].fix == "make tpu-cleanup"
     assert on_vm["tpu.log_dir"].status == engine.PASS
     assert on_vm["tpu.software"].status == engine.PASS
     assert f"tensorflow-tpu {pinned}, libtpu 0.0.14" in on_vm["tpu.software"].message
+    assert on_vm["tpu.support"].message.endswith(f"(TF {pinned}: installed)"), on_vm["tpu.support"]
     off_vm = check(data_dir, tmp_path=tmp_path)
     for rule in ("tpu.devices", "tpu.software", "tpu.lock_file", "tpu.log_dir"):
         assert off_vm[rule].status == engine.SKIP and off_vm[rule].message == engine.NOT_A_TPU_VM

@@ -1,6 +1,7 @@
 """`make tensorboard` listens on this machine only (TensorBoard has no authentication) unless
 BIND_ALL=1; `make tpu-tunnel` is how a laptop reaches a TPU VM's TensorBoard and profiler."""
 
+import json
 import os
 import queue
 import re
@@ -80,11 +81,16 @@ def test_tensorboard_listens_on_loopback_unless_bind_all(tmp_path, bind_all):
             assert time.monotonic() < deadline, f"no answer on port {port} within 180 s:\n{''.join(seen)}"
             time.sleep(0.2)
         addresses = listening_addresses(port)
+        # The profile plugin (its version pinned beside TensorFlow's in each set of requirements.txt)
+        # loads with this environment's protobuf: TensorBoard lists it.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugins_listing", timeout=30) as response:
+            plugins = json.loads(response.read())
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
         reader.join(timeout=10)
     output = "".join(seen + list(lines.queue))
+    assert "profile" in plugins, (sorted(plugins), output)
     if bind_all:
         assert addresses & ANY, addresses
         assert "warning: BIND_ALL=1 serves" in output

@@ -30,7 +30,7 @@ TPU_NAME = "{{ cookiecutter.project }}"
 _OVERRIDES = (
     "GCP_PROJECT ZONE REGION GCS_BUCKET TPU_TYPE TPU_NAME RUNTIME_VERSION TPU_POD TPU_VM SPOT "
     "PREEMPTIBLE QUEUED QUEUE_FOR RESERVED YES WORKER REMOTE_DIR ARGS CONFIG POD_CONFIG "
-    "LIBTPU_VERSION EXTRAS POD_WORKER TPU_LOAD_LIBRARY MAKEFLAGS MFLAGS MAKELEVEL"
+    "LIBTPU_VERSION EXTRAS TF POD_WORKER TPU_LOAD_LIBRARY MAKEFLAGS MFLAGS MAKELEVEL"
 ).split()
 
 
@@ -74,10 +74,16 @@ def flag(words: list[str], name: str) -> str | None:
     return None
 
 
-def tf_version() -> str:
+def tf_version(tf_set: str = "") -> str:
+    """The tensorflow version a TPU VM gets: requirements.txt's "TPU VM default" set, or `tf_set`
+    (read from the file here, apart from core/tensorflow_sets.py)."""
     text = (ROOT / "requirements.txt").read_text()
-    match = re.search(r"^tensorflow\s*==\s*([^\s;#]+)", text, re.M)
-    assert match, "requirements.txt pins tensorflow"
+    tf_set = tf_set or re.search(r"^# TPU VM default: TF=(\S+)$", text, re.M).group(1)
+    default = re.search(r"^tensorflow==(\S+)$", text, re.M).group(1)
+    if default.startswith(tf_set + "."):
+        return default
+    match = re.search(rf"^# TF={re.escape(tf_set)}: .*\btensorflow==(\S+)", text, re.M)
+    assert match, f"requirements.txt has a TensorFlow set {tf_set}"
     return match.group(1)
 
 
@@ -306,19 +312,23 @@ def test_the_config_follows_the_device_files_and_the_tpu_type(tmp_path, device_f
     assert re.search(r"CONFIG=(\S+)", line).group(1) == expected
 
 
-def test_setup_on_a_tpu_vm_installs_tensorflow_tpu(tmp_path):
-    version = tf_version()
-    lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="1")
+@pytest.mark.parametrize(
+    "tf_set, libtpu", [("", "libtpu==0.0.10"), ("2.19", "libtpu==0.0.10"), ("2.20", "libtpu==0.0.14")]
+)
+def test_setup_on_a_tpu_vm_installs_tensorflow_tpu(tmp_path, tf_set, libtpu):
+    version = tf_version(tf_set)
+    lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="1", TF=tf_set)
     commands = [shlex.split(line) for line in lines if not line.startswith("#")]
     installs = [command for command in commands if command[1:4] == ["-m", "pip", "install"]]
     tpu = [command for command in installs if f"tensorflow-tpu=={version}" in command]
     assert tpu, lines
-    assert any(word.startswith("libtpu") for word in tpu[0])
+    assert libtpu in tpu[0]
     # Nothing may bring in the plain tensorflow wheel next to tensorflow-tpu.
     for command in installs:
         assert not [word for word in command if re.match(r"tensorflow(\[.*\])?==", word)]
         if any(word.startswith(("tf-keras", "tf_keras", "-e")) for word in command):
             assert "--no-deps" in command
+    assert f"tf-keras=={version.rsplit('.', 1)[0]}" in " ".join(" ".join(command) for command in installs)
     assert not (tmp_path / "venv").exists(), "DRY_RUN must not create anything"
 
 
@@ -326,6 +336,35 @@ def test_setup_off_a_tpu_vm_installs_the_project(tmp_path):
     lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="0")
     assert not [line for line in lines if "tensorflow-tpu" in line]
     assert [line for line in lines if re.search(r"-m pip install -e \.$", line)]
+
+
+def test_setup_with_another_tensorflow_set_moves_its_pins_together(tmp_path):
+    """TF=2.19 off a TPU VM: the set's requirements (tensorflow, tf-keras, tensorboard and the Beam
+    that fits their protobuf) first, then the project without its own (default) pins."""
+    lines = _script("scripts/setup.sh", str(tmp_path / "venv"), TPU_VM="0", TF="2.19", EXTRAS="dev")
+    listed = [line.removeprefix("#   ") for line in lines if line.startswith("#   ")]
+    assert f"tensorflow=={tf_version('2.19')}" in listed and "apache-beam[gcp]==2.75.0" in listed
+    assert {"tf-keras==2.19.0", "tensorboard==2.19.0"} <= set(listed), listed
+    assert not [line for line in listed if line.startswith(("tensorflow==2.20", "tf-keras==2.20", "tensorboard==2.20"))]
+    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
+    assert commands[-2][-4:] == ["-r", str(tmp_path / "venv" / "requirements-tf2.19.txt"), "-r", "requirements-dev.txt"]
+    assert commands[-1][-3:] == ["--no-deps", "-e", "."]
+
+
+def test_setup_refuses_an_unknown_tensorflow_set_in_one_line(tmp_path):
+    result = subprocess.run(
+        ["bash", "scripts/setup.sh", str(tmp_path / "venv")],
+        cwd=ROOT,
+        env=_env(TF="2.18"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert (
+        result.stderr.strip() == "error: TF=2.18 is not a TensorFlow set of requirements.txt; choose one of 2.19, 2.20"
+    )
+    assert not (tmp_path / "venv").exists()
 
 
 def _shellcheck() -> str | None:
@@ -406,3 +445,73 @@ def test_a_step_losss_own_multiplies_are_not_counted_in_the_flops_per_step():
     towers = 2 * (2 * 8 * 16)  # per example: two [8] x [8, 16] multiplies
     counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
     assert counted == 3 * towers * 64 * cfg.train.gradient_accumulation_steps
+
+
+# ----------------------------------------------------------------------------- TensorFlow sets
+
+
+def test_the_tensorflow_sets_move_their_pins_together(tmp_path):
+    """core/tensorflow_sets.py on a requirements file of its own: an alternative set replaces the
+    lines it names and keeps the rest in order; its name and a TPU VM's default and libtpu come from
+    the comment lines."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from {{ cookiecutter.package }}.core import tensorflow_sets
+
+    text = (
+        "# TF=2.19: tensorflow==2.19.1 tf_keras==2.19.0 apache-beam[gcp]==2.75.0\n"
+        "# TPU VM, TF=2.19: libtpu==0.0.10\n# TPU VM default: TF=2.19\n"
+        "tensorflow==2.20.0\ntf-keras==2.20.1\napache-beam[gcp]==2.77.0\npyyaml>=6\n"
+    )
+    sets = tensorflow_sets.parse(text)
+    assert sets.names() == ["2.19", "2.20"] and sets.default == "2.20"
+    assert sets.requirements["2.19"] == [
+        "tensorflow==2.19.1",
+        "tf_keras==2.19.0",
+        "apache-beam[gcp]==2.75.0",
+        "pyyaml>=6",
+    ]
+    assert sets.resolve(None, tpu_vm=False) == "2.20" and sets.resolve(None, tpu_vm=True) == "2.19"
+    assert sets.resolve("2.20", tpu_vm=True) == "2.20" and sets.tensorflow("2.19") == "2.19.1"
+    assert sets.tpu_pins == {"2.19": ["libtpu==0.0.10"]}
+    with pytest.raises(
+        ValueError, match=r"^TF=2\.18 is not a TensorFlow set of requirements.txt; choose one of 2\.19, 2\.20$"
+    ):
+        sets.resolve("2.18", tpu_vm=False)
+    with pytest.raises(ValueError, match=r"^TF=2\.19 replaces keras, not in the default set$"):
+        tensorflow_sets.parse("# TF=2.19: keras==3.0\ntensorflow==2.20.0\n")
+    with pytest.raises(ValueError, match="TPU VM default TF=2.18"):
+        tensorflow_sets.parse("# TPU VM default: TF=2.18\ntensorflow==2.20.0\n")
+    # The project's own file: every set pins tensorflow, tf-keras and tensorboard at its own minor version.
+    project = tensorflow_sets.load(ROOT / "requirements.txt")
+    for name in project.names():
+        pins = dict(line.split("==") for line in project.requirements[name] if "==" in line)
+        assert all(pins[package].startswith(name + ".") for package in ("tensorflow", "tf-keras", "tensorboard")), pins
+
+
+def test_tensorflow_import_notices_are_left_out_and_everything_else_kept(tmp_path):
+    """The package leaves TensorFlow 2.19's import-time registration notices out of stderr (a
+    stand-in `tensorflow` package writes them to file descriptor 2, as the C++ code does), keeps any
+    other line, and the module still imports."""
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "for line in (\n"
+        "    'E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:467] Unable to register cuFFT factory: "
+        "Attempting to register factory for plugin cuFFT when one has already been registered',\n"
+        "    'WARNING: All log messages before absl::InitializeLog() is called are written to STDERR',\n"
+        "    'E0000 00:00:1 1 cuda_dnn.cc:8579] Unable to register cuDNN factory: Attempting to register factory "
+        "for plugin cuDNN when one has already been registered',\n"
+        "    'W0000 00:00:1 1 computation_placer.cc:177] computation placer already registered. Please check linkage "
+        "and avoid linking the same target more than once.',\n"
+        "    'E0000 00:00:1 1 some_op.cc:1] a real error',\n"
+        "):\n"
+        "    os.write(2, (line + '\\n').encode())\n"
+        "VERSION = 'stand-in'\n"
+    )
+    code = "import {{ cookiecutter.package }}, tensorflow; print(tensorflow.VERSION)"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "stand-in\n"
+    assert result.stderr == "E0000 00:00:1 1 some_op.cc:1] a real error\n"

@@ -5,6 +5,7 @@
     evaluate          evaluate a run's latest checkpoint           make eval
     predict           serve a run's export on inputs               make predict
     doctor/           check config, data and machine               make doctor
+    launch/           a Vertex AI custom job; GKE manifests        make vertex-train, gke-manifest
     config            print the resolved config or one key         (the Makefile reads keys with it)
     sample_data       write the task's sample raw data             make data
     new_task          add a skeleton task under tasks/             make new-task
@@ -19,3 +20,9 @@ and its callbacks, evaluation, the run directory); `tasks/` holds the tasks. A c
 task its config names (`tasks.load(cfg.task)`) and passes it to the core, which imports nothing
 from tasks/. A command imports core/ and tasks/, never another command.
 """
+
+from .core import native_logs as _native_logs
+
+# TensorFlow's import logs registration notices that say nothing a user can act on (TensorFlow 2.19's
+# CUDA build, even on a machine without a GPU): left out, whichever module imports it first.
+_native_logs.quiet_tensorflow_import()

@@ -10,6 +10,8 @@ contract
 platform
     topology, distribute   where it runs: TPU type, hosts, replicas; the strategy
     preemption, profiler   metadata notices; the profiler server
+    tensorflow_sets        requirements.txt's TensorFlow sets: the default, the others, a TPU VM's
+    support                which TensorFlow is known to run on which TPU, with the sources
 data
     preprocessing          the Beam pipeline: raw files -> TFRecords + manifest
     baselines              the trivial baselines of the data, fitted at preprocessing

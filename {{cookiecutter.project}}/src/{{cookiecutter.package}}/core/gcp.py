@@ -48,7 +48,11 @@ def remote(paths: dict[str, str | None]) -> dict[str, str]:
 
 
 def on_google_cloud() -> bool:
-    """A Compute Engine or TPU VM, from the DMI product name: no network call."""
+    """A Compute Engine or TPU VM, from the DMI product name, or the project's training image, which
+    runs on Vertex AI or GKE only and says so (ON_GOOGLE_CLOUD=1 in the Dockerfile: a container may
+    not see the host's DMI): no network call."""
+    if os.environ.get("ON_GOOGLE_CLOUD") == "1":
+        return True
     try:
         return "Google" in Path("/sys/class/dmi/id/product_name").read_text()
     except OSError:

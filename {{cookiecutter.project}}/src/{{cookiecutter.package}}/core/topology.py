@@ -128,6 +128,27 @@ def topology(tpu_type: str = DEFAULT_TPU_TYPE) -> Target:
     return Target("tpu", size, 1 if size <= 8 else size // 4, tpu_type=tpu_type, chips=size)
 
 
+# The chips of a slice as its physical grid: what Vertex AI's `tpu_topology` and GKE's
+# `cloud.google.com/gke-tpu-topology` name. v5e and v6e are 2D tori, v4 and v5p 3D
+# (cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus#configuration).
+TOPOLOGIES = {
+    "2d": {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+    "3d": {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8"},
+}
+
+
+def slice_topology(tpu_type: str) -> str:
+    """The chip grid of `tpu_type`, e.g. v5litepod-8 -> '2x4', v4-8 -> '2x2x1'."""
+    target = topology(tpu_type)
+    generation = tpu_type.split("-")[0]
+    if generation in ("v2", "v3"):
+        raise ValueError(f"{tpu_type}: v2 and v3 slices have no topology label; use v4, v5litepod, v5p or v6e")
+    grid = TOPOLOGIES["3d" if generation in ("v4", "v5p") else "2d"].get(target.chips)
+    if grid is None:
+        raise ValueError(f"{tpu_type}: {target.chips} chips is not a slice shape of {generation}")
+    return grid
+
+
 def tpu_device_files(globs=TPU_DEVICE_GLOBS) -> list[str]:
     """The TPU device files of this machine (empty off a TPU VM)."""
     return sorted(path for pattern in globs for path in glob.glob(pattern))

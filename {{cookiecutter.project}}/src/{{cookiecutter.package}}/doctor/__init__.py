@@ -47,9 +47,15 @@ Training loop ("Host-device round trips", steps_per_execution of the TPU trainin
   train.execution_boundaries logs and checkpoints happen only between executions
   train.goodput             the last run's wall time over all its starts: warns when one loss (calibration,
                             compilation, repeated steps, evaluation, ...) exceeds a quarter of it
+The TPU type and its TensorFlow (core/support.py, README.md "Which TPU, which TensorFlow"):
+  tpu.support               the support matrix's line for --tpu_type and the TensorFlow it runs there (the
+                            installed one on a TPU VM, else the set `make setup` installs there): WARN where
+                            no public source shows that TensorFlow on that TPU (TPU7x, v6e, newer than 2.19,
+                            a Pod image Google does not document)
 The TPU VM (TPU VM troubleshooting; SKIP anywhere else):
   tpu.devices               the TPU device files (/dev/accel*, /dev/vfio/<n>) are there
-  tpu.software              tensorflow-tpu at the pinned version, and libtpu, are installed
+  tpu.software              tensorflow-tpu at the version of one of requirements.txt's TensorFlow sets, and
+                            libtpu, are installed
   tpu.lock_file             no stale /tmp/libtpu_lockfile and no other process holding the chips
   tpu.log_dir               TPU_LOG_DIR is writable, so libtpu's own logs are not lost
 """
@@ -114,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"doctor: {args.config}{' ' + ' '.join(args.overrides) if args.overrides else ''}")
     print(f"target: {target.describe()}")
     print(f"machine: {'a TPU VM' if on_tpu_vm else NOT_A_TPU_VM}", flush=True)
-    results = run_rules(Context(cfg, task, target, on_tpu_vm=on_tpu_vm))
+    results = run_rules(Context(cfg, task, target, on_tpu_vm=on_tpu_vm, tpu_type=args.tpu_type))
     print(format_report(results))
     print(summary(results))
     return 1 if any(result.status == FAIL for result in results) else 0

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from ..core import config as config_lib
 from .. import tasks
+from ..core import support
 from ..core import topology as topology_lib
 from ..core.topology import Target
 from ..core.errors import UserError
@@ -128,6 +129,9 @@ def resolve_target(
             kind, why = "cpu", "runtime.strategy=auto and this is not a TPU VM"
     if kind == "tpu":
         name = tpu_type or topology_lib.DEFAULT_TPU_TYPE
+        generation = support.GENERATIONS.get(name.split("-")[0])
+        if generation is not None and not generation.tensorflow:
+            raise UserError(f"--tpu_type {name}: {generation.evidence}; train TensorFlow on v5p, v5e or v4")
         try:
             topo = topology_lib.topology(name)
         except ValueError as error:
@@ -233,8 +237,12 @@ def read_run_history(output_dir: str) -> RunHistory:
 class Context:
     """The facts the rules look at, each computed once, on first use."""
 
-    def __init__(self, cfg: config_lib.Config, task, target: Target, *, on_tpu_vm: bool = False):
+    def __init__(
+        self, cfg: config_lib.Config, task, target: Target, *, on_tpu_vm: bool = False, tpu_type: str | None = None
+    ):
         self.cfg, self.task, self.target, self.on_tpu_vm = cfg, task, target, on_tpu_vm
+        self.tpu_type = tpu_type or target.tpu_type or topology_lib.DEFAULT_TPU_TYPE
+        """The TPU type the project trains on (--tpu_type), whatever this run's target."""
 
     @property
     def per_replica_batch(self) -> int | None:

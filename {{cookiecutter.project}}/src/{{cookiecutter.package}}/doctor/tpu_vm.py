@@ -1,14 +1,15 @@
-"""`make doctor` rules: the TPU VM itself (TPU VM troubleshooting; SKIP anywhere else)."""
+"""`make doctor` rules: the TensorFlow the TPU type runs, against the sources (anywhere); the TPU VM
+itself (TPU VM troubleshooting; SKIP anywhere else)."""
 
 from __future__ import annotations
 
 import glob
 import importlib.metadata
 import os
-import re
 from pathlib import Path
 from typing import Sequence
 
+from ..core import support, tensorflow_sets
 from .engine import (
     DEFAULT_TPU_LOG_DIR,
     LOCK_FILE,
@@ -65,8 +66,9 @@ def check_tpu_devices(devices: Sequence[str], expected: int | None) -> Verdict:
     return passed(found)
 
 
-def check_software(versions: dict[str, str | None], pinned_tf: str | None) -> Verdict:
-    """`versions`: installed version (or None) of tensorflow, tensorflow-tpu, libtpu, libtpu-nightly."""
+def check_software(versions: dict[str, str | None], pinned: Sequence[str]) -> Verdict:
+    """`versions`: installed version (or None) of tensorflow, tensorflow-tpu, libtpu, libtpu-nightly;
+    `pinned`: the tensorflow versions of requirements.txt's sets."""
     tf_tpu, tf_plain = versions.get("tensorflow-tpu"), versions.get("tensorflow")
     libtpu = versions.get("libtpu") or versions.get("libtpu-nightly")
     found = ", ".join(f"{name} {version}" for name, version in versions.items() if version) or "none of them"
@@ -79,8 +81,11 @@ def check_software(versions: dict[str, str | None], pinned_tf: str | None) -> Ve
             f"the plain tensorflow wheel is installed next to tensorflow-tpu ({found})",
             "remove .venv and run make setup again",
         )
-    if pinned_tf and tf_tpu != pinned_tf:
-        return warn(f"{found}; requirements.txt pins tensorflow=={pinned_tf}", "make setup")
+    if pinned and tf_tpu not in pinned:
+        return warn(
+            f"{found}; requirements.txt's TensorFlow sets pin tensorflow {' or '.join(pinned)}",
+            "make setup (TF=X.Y for another set)",
+        )
     return passed(found)
 
 
@@ -125,13 +130,27 @@ def check_log_dir(log_dir: str | None) -> Verdict:
     return passed(f"{source} {path} is writable" + ("" if existing == path else " (created on first use)"))
 
 
-def _pinned_tensorflow(requirements: Path = REQUIREMENTS) -> str | None:
+def _pinned_tensorflow(requirements: Path = REQUIREMENTS) -> list[str]:
+    """The tensorflow version of each of requirements.txt's TensorFlow sets."""
     try:
-        text = requirements.read_text()
-    except OSError:
-        return None
-    match = re.search(r"^tensorflow\s*==\s*([^\s;#]+)", text, re.MULTILINE)
-    return match.group(1) if match else None
+        sets = tensorflow_sets.load(requirements)
+    except (OSError, ValueError):
+        return []
+    return [sets.tensorflow(name) for name in sets.names()]
+
+
+def tensorflow_on_the_tpu(on_tpu_vm: bool, chosen: str | None, requirements: Path = REQUIREMENTS) -> tuple[str, str]:
+    """(the TensorFlow version the TPU runs, where that comes from): on a TPU VM the installed
+    tensorflow-tpu; anywhere else the set `make setup` installs on a TPU VM (TF=..., else its default)."""
+    if on_tpu_vm:
+        installed = installed_versions(("tensorflow-tpu", "tensorflow"))
+        version = installed["tensorflow-tpu"] or installed["tensorflow"]
+        if version:
+            return version, "installed"
+    sets = tensorflow_sets.load(requirements)
+    name = sets.resolve(chosen, tpu_vm=True)
+    origin = f"the set make setup TF={chosen} installs" if chosen else "the TPU VM default set of make setup"
+    return sets.tensorflow(name), origin
 
 
 def installed_versions(names: Sequence[str] = ("tensorflow", "tensorflow-tpu", "libtpu", "libtpu-nightly")) -> dict:
@@ -142,6 +161,22 @@ def installed_versions(names: Sequence[str] = ("tensorflow", "tensorflow-tpu", "
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+@rule("tpu.support")
+def tpu_support(ctx: Context) -> Verdict:
+    """The support matrix's line for the project's TPU type and the TensorFlow it would run there."""
+    try:
+        version, origin = tensorflow_on_the_tpu(ctx.on_tpu_vm, os.environ.get("TF") or None)
+    except (OSError, ValueError) as error:
+        return warn(f"the TensorFlow sets of requirements.txt: {error}", "fix requirements.txt's TF= lines")
+    try:
+        hosts = topology_lib.topology(ctx.tpu_type).hosts
+    except ValueError:
+        hosts = 1
+    finding = support.check(ctx.tpu_type, version, hosts)
+    message = f"{finding.message} (TF {version}: {origin})"
+    return passed(message) if finding.supported else warn(message, finding.fix)
 
 
 @rule("tpu.devices", tpu_vm_only=True)
