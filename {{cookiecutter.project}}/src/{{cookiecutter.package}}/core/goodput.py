@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Callable
 
 # The phases of a start, by the names metrics.json records them under. Code names them only
 # through these constants, so a misspelt phase is a NameError, not a phase silently left out of
@@ -92,13 +93,14 @@ class PhaseClock:
     any log. Time outside any phase is start-up; `with clock.phase(name):` books the block to `name`
     (phases nest: the enclosing one resumes when the block ends)."""
 
-    def __init__(self):
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
         self.seconds: dict[str, float] = {}
         self._open = [START_UP]
-        self._since = time.perf_counter()
+        self._now = now
+        self._since = now()
 
     def _book(self) -> None:
-        now = time.perf_counter()
+        now = self._now()
         self.seconds[self._open[-1]] = self.seconds.get(self._open[-1], 0.0) + now - self._since
         self._since = now
 
