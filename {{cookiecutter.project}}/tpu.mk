@@ -50,7 +50,7 @@ endif
 # The TensorFlow version a TPU VM runs: the set `make setup` installs there (requirements.txt's
 # "TPU VM default" set, or TF=...; core/tensorflow_sets.py reads them).
 TF ?=
-TF_VERSION := $(shell python3 src/{{ cookiecutter.package }}/core/tensorflow_sets.py --tpu-vm --set '$(TF)' --print tensorflow)
+TF_VERSION = $(shell python3 src/{{ cookiecutter.package }}/core/tensorflow_sets.py --tpu-vm --set '$(TF)' --print tensorflow)
 TPU_GENERATION = $(firstword $(subst -, ,$(TPU_TYPE)))
 TPU_SIZE = $(lastword $(subst -, ,$(TPU_TYPE)))
 # Every generation puts at most 8 TensorCores (v2-v4, v5p: the number counts cores) or 8 chips
