@@ -173,6 +173,7 @@ def task_config(task_name: str, data_dir: Path, output_dir: Path, *overrides: st
             "train.steps_per_execution=4",
             "train.checkpoint_every=8",
             "train.log_every=8",
+            f"runtime.cpu_devices={REPLICAS}",  # the TPU's code path on 8 replicas (the shipped default is 2)
             *overrides,
         ],
         registry=tasks,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA_OVERRIDES
+from conftest import DATA_OVERRIDES, REPLICAS
 
 from {{ cookiecutter.package }}.core import baselines, config, support, topology
 from {{ cookiecutter.package }} import doctor, tasks
@@ -35,7 +35,7 @@ def check(
     output_dir: str | None = None,
 ) -> dict:
     """The doctor's results for a config, by rule name."""
-    base = [f"data.dir={data_dir}", *DATA_OVERRIDES]
+    base = [f"data.dir={data_dir}", *DATA_OVERRIDES, f"runtime.cpu_devices={REPLICAS}"]  # the TPU path's 8
     if output_dir or tmp_path:
         base.append(f"runtime.output_dir={output_dir or tmp_path / 'run'}")
     cfg = config.load(str(CONFIGS / config_file), [*base, *overrides], registry=tasks)
@@ -71,7 +71,7 @@ def test_make_doctor_passes_on_the_local_defaults(data_dir, tmp_path):
         "--config", "configs/local.yaml", f"data.dir={data_dir}", *DATA_OVERRIDES, f"runtime.output_dir={tmp_path}"
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "target: CPU, 8 replicas" in result.stdout
+    assert "target: CPU, 2 replicas" in result.stdout  # the shipped runtime.cpu_devices
     assert "PASS  batch.divisible" in result.stdout
     assert "0 failed" in result.stdout
     # The support matrix's line for the project's TPU type, whatever the target.
@@ -90,6 +90,7 @@ def test_make_doctor_fails_on_a_batch_that_does_not_divide(data_dir, tmp_path):
         *DATA_OVERRIDES,
         f"runtime.output_dir={tmp_path}",
         "train.global_batch_size=100",
+        "runtime.cpu_devices=8",
     )
     assert result.returncode == 1, result.stdout + result.stderr
     line = next(line for line in result.stdout.splitlines() if "batch.divisible" in line)
@@ -334,7 +335,9 @@ def test_local_data_on_a_multi_host_slice_fails(data_dir, tmp_path):
 
 
 def test_steps_per_execution_rules(data_dir, tmp_path):
-    assert check(data_dir, tmp_path=tmp_path)["train.steps_per_execution"].status == engine.PASS  # auto
+    assert check(data_dir, tmp_path=tmp_path)["train.steps_per_execution"].status == engine.PASS  # 4, as shipped
+    auto = check(data_dir, "train.steps_per_execution=auto", tmp_path=tmp_path)["train.steps_per_execution"]
+    assert auto.status == engine.PASS and "measured once per setting" in auto.message
     one = check(data_dir, "train.steps_per_execution=1", tmp_path=tmp_path)["train.steps_per_execution"]
     assert one.status == engine.WARN and "auto" in one.fix
 
@@ -358,7 +361,7 @@ def test_steps_per_execution_against_the_measured_step_time(data_dir, tmp_path):
         check(data_dir, "train.steps_per_execution=32", tmp_path=tmp_path)["train.steps_per_execution"].status
         == engine.PASS
     )
-    auto = check(data_dir, tmp_path=tmp_path)["train.steps_per_execution"]
+    auto = check(data_dir, "train.steps_per_execution=auto", tmp_path=tmp_path)["train.steps_per_execution"]
     assert auto.status == engine.PASS and "last run chose 4" in auto.message
     (run / "metrics.json").write_text(json.dumps({"examples_per_second": 128 / 0.5}))  # 500 ms per step
     assert (

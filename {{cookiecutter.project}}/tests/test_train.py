@@ -368,6 +368,7 @@ def train_command(data_dir: Path, output_dir: Path, *overrides: str) -> list[str
         "train.steps_per_execution=2",
         "train.checkpoint_every=1000",
         "train.log_every=10",
+        "runtime.cpu_devices=8",  # the TPU path's 8 replicas (the shipped local run has 2)
         *overrides,
     ]
 

@@ -21,7 +21,13 @@ task its config names (`tasks.load(cfg.task)`) and passes it to the core, which 
 from tasks/. A command imports core/ and tasks/, never another command.
 """
 
-from .core import native_logs as _native_logs
+import time as _time
+
+STARTED = _time.perf_counter()
+"""When the package was first imported: for a command, its process's start, before TensorFlow's
+import (some seconds). `make train`'s clock of the start's phases begins here."""
+
+from .core import native_logs as _native_logs  # noqa: E402
 
 # TensorFlow's import logs registration notices that say nothing a user can act on (TensorFlow 2.19's
 # CUDA build, even on a machine without a GPU): left out, whichever module imports it first.

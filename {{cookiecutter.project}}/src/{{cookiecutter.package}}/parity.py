@@ -492,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if target.replicas == 1:
         raise UserError(
             "parity compares one device with several replicas, and this target has 1; on a CPU use "
-            "runtime.cpu_devices=8 (the local configs' default)"
+            "runtime.cpu_devices=8 (what `make parity` passes)"
         )
     target.per_replica_batch_size(cfg.train.global_batch_size)
     determinism = deterministic_gpu(target, cfg.runtime.seed)

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Sequence
 
-from . import tasks
+from . import STARTED, tasks
 from .core import config as config_lib
 from .core.errors import run_cli
 from .core.trainer import Preempted, train
@@ -30,7 +30,7 @@ PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv, registry=tasks)
     try:
-        train(cfg, tasks.load(cfg.task))
+        train(cfg, tasks.load(cfg.task), started=STARTED)
     except Preempted:
         return PREEMPTED_EXIT_STATUS
     return 0

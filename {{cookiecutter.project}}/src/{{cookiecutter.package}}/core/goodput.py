@@ -74,8 +74,8 @@ FIXES = {
     DATA_CHECK: "reading the manifest dominates: keep data.dir in the VM's region",
     EXPORT: "exporting the SavedModel dominates a short run: train longer per run",
     END_OF_FIT: "releasing the input iterators stalls: see the tf.data autotuning note in input_pipeline.py",
-    START_UP: "the rest of the start-up (precision, seeds, the run's config.yaml) dominates: check the run "
-    "directory's storage",
+    START_UP: "the rest of the start-up (importing TensorFlow, precision, seeds, the run's config.yaml) dominates: "
+    "check the Python environment's disk and the run directory's storage",
 }
 # How a start ended, as its entry in the record says; the next start reads the last one.
 FINISHED = "finished"
@@ -93,11 +93,13 @@ class PhaseClock:
     any log. Time outside any phase is start-up; `with clock.phase(name):` books the block to `name`
     (phases nest: the enclosing one resumes when the block ends)."""
 
-    def __init__(self, now: Callable[[], float] = time.perf_counter):
+    def __init__(self, now: Callable[[], float] = time.perf_counter, since: float | None = None):
+        """`since`: when the start began, on `now`'s clock (the process's start, so that importing
+        TensorFlow counts as start-up); by default, now."""
         self.seconds: dict[str, float] = {}
         self._open = [START_UP]
         self._now = now
-        self._since = now()
+        self._since = now() if since is None else since
 
     def _book(self) -> None:
         now = self._now()

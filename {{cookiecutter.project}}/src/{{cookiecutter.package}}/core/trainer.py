@@ -42,9 +42,10 @@ class Preempted(Exception):
         self.reason, self.step = reason, step
 
 
-def train(cfg: config_lib.Config, task) -> dict:
-    """Runs (or resumes) training and the final evaluation of `task`; returns the metrics."""
-    return Trainer(cfg, task).run()
+def train(cfg: config_lib.Config, task, started: float | None = None) -> dict:
+    """Runs (or resumes) training and the final evaluation of `task`; returns the metrics. `started`:
+    when this start began (time.perf_counter; `make train` passes its process's start), else now."""
+    return Trainer(cfg, task, started).run()
 
 
 # ------------------------------------------------------------------------ what the steps make
@@ -94,9 +95,9 @@ class Trainer:
     """One start of a run: the config and the task it was given, and the phase clock of the start.
     Each method is a step of `run`, in order."""
 
-    def __init__(self, cfg: config_lib.Config, task):
+    def __init__(self, cfg: config_lib.Config, task, started: float | None = None):
         self.cfg, self.task = cfg, task
-        self.clock = goodput.PhaseClock()
+        self.clock = goodput.PhaseClock(since=started)
 
     def run(self) -> dict:
         start = self.resolve()
