@@ -668,7 +668,9 @@ def test_bench_startup_times_a_fresh_run_a_resume_and_a_rerun(data_dir):
     from the run's record, and each share is its time to first step over its wall time."""
     from test_bench import TINY, run_module
 
-    steps = ("train.total_steps=400",)  # long enough that the SIGTERM lands before the run's end
+    # auto: the fresh run calibrates (the shipped local run has a fixed value); 400 steps: long enough
+    # that the SIGTERM lands before the run's end.
+    steps = ("train.steps_per_execution=auto", "train.total_steps=400")
     output, figures = run_module(
         "bench_startup", "--config", "configs/local.yaml", f"data.dir={data_dir}", *TINY, *steps
     )
