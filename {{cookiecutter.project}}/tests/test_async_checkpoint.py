@@ -96,6 +96,54 @@ def test_background_saves_rotate_and_each_holds_the_weights_of_its_step(float32_
     ]
 
 
+class CopyTraces(callbacks.BetweenExecutions):
+    """After the callbacks before it, at each execution's end: how many times the background saves'
+    copy function has been traced (None: no background save set up yet)."""
+
+    def __init__(self, checkpoint):
+        super().__init__(0)
+        self.checkpoint, self.at = checkpoint, {}
+
+    def on_execution_end(self, step, previous, logs):
+        helper = self.checkpoint._async_checkpointer_impl
+        self.at[step] = helper._copy_to_cpu.experimental_get_tracing_count() if helper else None
+
+
+def test_background_saves_are_set_up_at_the_first_boundary_and_each_save_copies_its_step(
+    float32_policy, tmp_path, capsys
+):
+    """The first boundary sets up the background saves (the host copy, its copy function traced):
+    no save traces anything after it, and each save still holds the weights of its own step."""
+    model = dense_model(steps_per_execution=2)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=5)
+    report, weights, traces = callbacks.Report(step=0), Weights(tmp_path), CopyTraces(checkpoint)
+    saves = callbacks.Checkpoints(0, manager, checkpoint_every=4, report=report, asynchronous=True)
+    fit(model, [saves, traces, weights], steps=12)
+    manager.sync()
+    assert traces.at == {2: 1, 4: 1, 6: 1, 8: 1, 10: 1, 12: 1}  # traced at step 2, before any save
+    assert steps_of(manager) == [4, 8, 12]
+    for step in (4, 8, 12):
+        assert_holds(model, f"{tmp_path}/ckpt-{step}", weights.at[step])
+    # The set-up held training at step 2: an entry of its own before the three saves'.
+    assert len(report.checkpoint_blocking_seconds) == 4 and len(report.checkpoint_write_seconds) == 3
+    printed = capsys.readouterr().out
+    assert printed.count("background checkpoint saves set up at step 2: training held") == 1
+
+
+def test_no_set_up_without_a_save_in_the_fit_nor_for_synchronous_saves(float32_policy, tmp_path, capsys):
+    for every, asynchronous in ((100, True), (4, False)):
+        model = dense_model(steps_per_execution=2)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / str(every)), max_to_keep=5)
+        report, traces = callbacks.Report(step=0), CopyTraces(checkpoint)
+        saves = callbacks.Checkpoints(0, manager, checkpoint_every=every, report=report, asynchronous=asynchronous)
+        fit(model, [saves, traces], steps=8)
+        assert set(traces.at.values()) == {None}  # nothing set up in the background
+        assert len(report.checkpoint_blocking_seconds) == len(manager.checkpoints) == (0 if every == 100 else 2)
+    assert "background checkpoint saves set up" not in capsys.readouterr().out
+
+
 def test_a_preemption_at_a_background_save_waits_for_it_and_writes_it_once(float32_policy, tmp_path):
     """SIGTERM lands on a boundary where a checkpoint is being written in the background: the
     preemption's save waits for that one and does not write the same step again."""

@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import DATA_OVERRIDES, MODEL_OVERRIDES, PROJECT, tiny_config
@@ -71,11 +72,55 @@ def test_bench_input_compares_against_the_naive_pipeline_and_synthetic_data(data
     # The same order from memory; the trainer against a bare fit; this host's peak, stored for runs.
     assert "train order, cached" in output and figures["cached_over_files_records_per_s"] > 0
     assert "trainer/bare:" in output and figures["trainer_over_bare"] > 0
+    # What the trainer adds inside its timed window, item by item, and what it does before it.
+    assert "what the trainer adds inside its timed window" in output and "at the first boundary" in output
+    assert {"StepLog", "Checkpoints", "fit's end"} <= set(figures["trainer_additions_seconds"])
+    assert figures["trainer_window_seconds"] > 0 and figures["bare_seconds_same_steps"] > 0
+    assert figures["trainer_first_boundary_seconds"]["StepLog"] > 0
     assert figures["host_peak_tflops"]["float32"] > 0 and figures["host_peak_tflops"]["bfloat16"] > 0
     assert 0 < figures["trainer_model_flops_utilization"] < 1 and figures["trainer_tflops_per_chip"] > 0
     # A save's blocking seconds with and without the background write, on local disk (no --gcs here).
     assert "checkpoint, local disk:" in output and list(figures["checkpoint_blocking"]) == ["local disk"]
     assert figures["checkpoint_blocking"]["local disk"]["synchronous_over_asynchronous"] > 0
+
+
+def test_bench_parts_and_the_bare_fits_window(float32_policy):
+    """--only names parts of `make bench` (a wrong one: one line naming the right ones); the bare fit
+    is timed over the trainer's window, from the second execution's start to fit's end."""
+    import numpy as np
+    import tensorflow as tf
+
+    from {{ cookiecutter.package }} import bench_input
+    from {{ cookiecutter.package }}.core.errors import UserError
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    assert bench_input.parts_of("") == bench_input.PARTS
+    assert bench_input.parts_of("trainer, peak") == ("trainer", "peak")
+    named = r"--only takes a comma-separated list of input, peak, trainer, checkpoints; got train$"
+    with pytest.raises(UserError, match=named):
+        bench_input.parts_of("trainer,train")
+
+    class Boundaries(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.began, self.ended = [], []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.began.append(time.perf_counter())
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ended.append(time.perf_counter())
+
+    model = keras.Sequential([keras.layers.Dense(1, input_shape=(3,))])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    features = np.zeros((4, 3), "float32")
+    dataset = tf.data.Dataset.from_tensor_slices((features, features[:, :1])).batch(4).repeat()
+    timer, seen = bench_input._Timer(), Boundaries()
+    model.fit(dataset, epochs=1, steps_per_epoch=9, callbacks=[timer, seen], verbose=0)
+    steps, seconds = timer.window()
+    assert steps == 6  # the second and third executions of 3 steps
+    assert seen.ended[0] < timer.started <= seen.began[1] and seen.ended[-1] < timer.ended
+    assert seconds == timer.ended - timer.started
 
 
 def test_bench_times_checkpoint_saves_on_local_disk_and_a_gcs_folder(data_dir, gcs_bucket, tmp_path, capsys):

@@ -71,6 +71,50 @@ def test_first_execution_books_the_first_execution_apart_once(float32_policy, ca
     assert math.isnan(callbacks.Report(step=0).examples_per_second(4))  # nothing timed
 
 
+class Boundaries(callbacks.BetweenExecutions):
+    """After FirstExecution: when its work at each boundary ended, and a periodic evaluation's
+    seconds reported at the first boundary (a stand-in: nothing is evaluated)."""
+
+    def __init__(self, report: callbacks.Report):
+        super().__init__(0)
+        self.report, self.ended = report, []
+
+    def on_execution_end(self, step, previous, logs):
+        if not self.ended:
+            self.report.evaluation_seconds += 0.25
+        self.ended.append(time.perf_counter())
+
+
+def test_throughput_is_timed_from_the_second_execution_after_the_first_boundarys_work(float32_policy):
+    """The window a bare fit is timed over in `make bench`: the first boundary's work (the model FLOPs
+    count, set-ups, an evaluation there) falls before it, every later boundary inside it."""
+    clock, report = goodput.PhaseClock(), callbacks.Report(step=0)
+    later = Boundaries(report)
+    with clock.phase(goodput.TRAINING):
+        fit([callbacks.FirstExecution(0, clock, report), later], steps=6, steps_per_execution=2)
+    assert later.ended[0] < report.first_time < later.ended[1] < report.end_time
+    assert report.first_step == 2 and report.untimed_evaluation_seconds == 0.25
+
+
+def test_examples_per_second_leaves_out_the_evaluations_inside_its_window():
+    report = callbacks.Report(step=10, first_step=4, first_time=100.0, end_time=103.0)
+    report.evaluation_seconds, report.untimed_evaluation_seconds = 1.5, 0.5  # 0.5 s of it before the window
+    assert report.examples_per_second(4) == pytest.approx(6 * 4 / (3.0 - 1.0))
+
+
+def test_scalar_series_writes_each_step_under_its_own_tag(tmp_path):
+    from test_train import scalar_events
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    write = callbacks.scalar_series("learning_rate")
+    with writer.as_default():
+        write(tf.constant([5, 6, 7], tf.int64), tf.constant([0.5, 0.25, 0.125], tf.float32))
+        write(tf.constant([], tf.int64, [0]), tf.constant([], tf.float32, [0]))  # nothing to write
+        write(tf.constant([8], tf.int64), tf.constant([0.0625], tf.float32))
+    writer.flush()
+    assert scalar_events(tmp_path) == {"learning_rate": {5: 0.5, 6: 0.25, 7: 0.125, 8: 0.0625}}
+
+
 def test_the_phase_clock_books_each_block_to_its_phase_and_resumes_the_enclosing_one():
     now = [100.0]  # the clock's time source, moved by hand: the booking is exact, whatever the machine's load
     clock = goodput.PhaseClock(now=lambda: now[0])
@@ -127,6 +171,7 @@ def test_step_log_prints_at_log_boundaries_and_logs_every_steps_rate(float32_pol
     rates = scalar_events(tmp_path / "logs")["learning_rate"]
     assert sorted(rates) == list(range(1, 10))
     assert rates[3] == pytest.approx(log.learning_rate(3)) and rates[1] < rates[3]  # warm-up rises
+    assert all(rates[step] == pytest.approx(log.learning_rate(step)) for step in rates)
 
 
 def test_goodput_progress_records_at_each_log_boundary_and_the_last_step(float32_policy):

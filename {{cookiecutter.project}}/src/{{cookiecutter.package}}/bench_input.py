@@ -21,17 +21,27 @@ against a bare `model.fit`, all measured in this one run.
 - host peak: the best FLOP/s of a 2048 x 2048 matrix multiply, in float32 and bfloat16 (CPU only;
   stored in runtime.cache_dir, where every later run on this host reads it for its MFU)
 - trainer: `make train`'s whole path for train.total_steps steps (callbacks, step log, checkpoints
-  at train.checkpoint_every, the preemption watch), its steps/s after the first execution; bare:
-  build_model + compile_model + model.fit on the same distributed input with a timer only, the
-  same steps and steps_per_execution, alternating --rounds times; the median ratio (goal >= 0.97),
-  and the trainer's TFLOP/s per chip and model FLOPs utilisation.
+  at train.checkpoint_every, the preemption watch), its steps/s as it reports them; bare:
+  build_model + compile_model + model.fit on the same distributed input (the same order) with a
+  timer only, the same steps, steps_per_execution and precision; both timed over the same window,
+  from the second execution's start to fit's end (the first execution's tracing and compilation
+  and the work at its end left out), alternating --rounds times, which one goes first alternating
+  too; the ratio of the medians (goal >= 0.97). Then what the trainer adds inside that window, each
+  callback's seconds at the boundaries (and the seconds its checkpoint saves held), against the
+  difference between the two windows; what it does once at the first boundary, outside the window
+  (the model FLOPs count, the background saves' set-up); what other threads did (checkpoint files
+  written, metadata-server looks); the trainer's TFLOP/s per chip and model FLOPs utilisation.
 - checkpoints: the seconds a save holds training (what the trainer logs as
   checkpoint_blocking_seconds), synchronous and written in the background (train.async_checkpoint),
   on the same model trained between saves: on local disk, and on the gs:// folder --gcs names (a
   bucket, or the tests' storage emulator, which only the tests start); the first two background
-  saves apart (they set up the host copy and trace its copy function, once per start), the median
+  saves apart (they set up the host copy and trace its copy function, once per start; the
+  trainer's Checkpoints callback does that at its first boundary instead), the median
   of the rest, their ratio, and how long a background save's files take to write.
-If real-data training is more than 10% slower than synthetic, the input is the bottleneck.
+--only runs some of the parts, comma-separated (given after the dotted keys): input (the input,
+the orders, training on synthetic and real data), peak, trainer, checkpoints; e.g. `--only
+trainer`. If real-data training is more than 10% slower than synthetic, the input is the
+bottleneck.
 Fewer train shards than parallel reads (one shard: nothing to interleave) are pointed out.
 The last line is JSON.
 """
@@ -53,7 +63,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from .core import config as config_lib
-from .core import callbacks, distribute, gcp, input_pipeline, precision, topology, utilisation
+from .core import callbacks, distribute, gcp, input_pipeline, precision, preemption, topology, utilisation
 from . import tasks
 from .core import steps_per_execution as spe_lib
 from .core.errors import UserError, run_cli
@@ -282,34 +292,209 @@ def compare_training(cfg, task, resolved, manifest: dict, chosen: str, optimized
 
 
 class _Timer(keras.callbacks.Callback):
-    """Steps/s of a fit after its first execution, from its batch-end callbacks."""
+    """A bare fit's steps/s over the window the trainer's own figure covers (`callbacks.Report`):
+    from the start of the second execution to the end of fit, the first execution (tracing,
+    compilation) and the work at its end left out."""
 
-    def __init__(self, spe: int):
+    def __init__(self):
         super().__init__()
-        self.spe, self.ends = spe, []
+        self.steps, self.first_steps, self.started, self.ended = 0, None, None, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.first_steps is not None and self.started is None:
+            self.started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
+        self.steps = batch + 1  # fit passes the index of the execution's last step
+        if self.first_steps is None:
+            self.first_steps = self.steps
 
-    def rate(self) -> float:
-        return (len(self.ends) - 1) * self.spe / (self.ends[-1] - self.ends[0])
+    def on_train_end(self, logs=None):
+        self.ended = time.perf_counter()
+
+    def window(self) -> tuple[int, float]:
+        """(steps, seconds) of the timed window."""
+        return self.steps - self.first_steps, self.ended - self.started
 
 
-def bare_rate(cfg, task, resolved, manifest, spe: int) -> float:
+def bare_window(cfg, task, resolved, manifest, spe: int) -> tuple[int, float]:
+    """build_model + compile_model + model.fit on the trainer's input, with a timer only: the
+    (steps, seconds) of its timed window."""
     keras.backend.clear_session()
     with resolved.strategy.scope():
         model = compile_model(build_model(cfg, task, manifest), cfg, task, manifest, spe)
-    timer = _Timer(spe)
+    timer = _Timer()
     dataset = input_pipeline.training_dataset(cfg, task, resolved, manifest, seed=cfg.runtime.seed)
     model.fit(dataset, epochs=1, steps_per_epoch=cfg.train.total_steps, callbacks=[timer], verbose=0)
-    return timer.rate()
+    return timer.window()
 
 
-def trainer_rate(cfg, task, workdir: str, round_: int) -> tuple[float, dict]:
+class TimedTrainer(Trainer):
+    """The trainer, unchanged, with what each of its callbacks does at every execution boundary
+    timed ({name: [(began, seconds, seconds checkpoint saves held), ...]}) and the report of its
+    fit kept: what the trainer adds to a bare fit, item by item."""
+
+    def __init__(self, cfg, task):
+        super().__init__(cfg, task)
+        self.calls: dict[str, list[tuple[float, float, float]]] = {}
+        self.report: callbacks.Report | None = None
+
+    def callbacks(self, *args, **kwargs):
+        chosen = super().callbacks(*args, **kwargs)
+        report = next(value for value in (*args, *kwargs.values()) if isinstance(value, callbacks.Report))
+        for callback in chosen:
+            name = type(callback).__name__
+            while name in self.calls:  # two of a kind (a task's own): marked apart
+                name += "'"
+            _time_batch_end(callback, self.calls.setdefault(name, []), report)
+        return chosen
+
+    def fit(self, *args, **kwargs):
+        self.report = super().fit(*args, **kwargs)
+        return self.report
+
+
+def _time_batch_end(callback, calls: list, report: callbacks.Report) -> None:
+    """`callback.on_train_batch_end` records (when it began, its seconds, the seconds checkpoint
+    saves held training in it) into `calls`."""
+    hook = callback.on_train_batch_end
+
+    def timed(batch, logs=None):
+        held, began = sum(report.checkpoint_blocking_seconds), time.perf_counter()
+        try:
+            return hook(batch, logs)
+        finally:
+            seconds = time.perf_counter() - began
+            calls.append((began, seconds, sum(report.checkpoint_blocking_seconds) - held))
+
+    callback.on_train_batch_end = timed
+
+
+@contextlib.contextmanager
+def watcher_polls():
+    """The metadata watcher's looks at the metadata server (in its own thread) while inside: a list
+    of their seconds."""
+    polls, poll = [], preemption.MetadataWatcher.poll
+
+    def timed(self):
+        began = time.perf_counter()
+        try:
+            return poll(self)
+        finally:
+            polls.append(time.perf_counter() - began)
+
+    preemption.MetadataWatcher.poll = timed
+    try:
+        yield polls
+    finally:
+        preemption.MetadataWatcher.poll = poll
+
+
+def trainer_round(cfg, task, workdir: str, round_: int) -> dict:
+    """One trainer run (`make train`'s whole path) in a new run directory: its steps/s after the
+    first execution (the figure it reports itself) and its metrics; each callback's seconds (and
+    the seconds its checkpoint saves held) inside the timed window and at the first boundary, before
+    it; from the last boundary to fit's end; what other threads did."""
     keras.backend.clear_session()
     run = replace(cfg, runtime=replace(cfg.runtime, output_dir=f"{workdir}/trainer{round_}"))
-    metrics = Trainer(run, task).run()
-    return metrics["examples_per_second"] / cfg.effective_batch_size, metrics
+    trainer = TimedTrainer(run, task)
+    with watcher_polls() as polls:
+        metrics = trainer.run()
+    report = trainer.report
+    rate = metrics["examples_per_second"] / cfg.effective_batch_size
+
+    def summed(keep) -> dict[str, tuple[float, float]]:
+        return {
+            name: (sum(call[1] for call in calls if keep(call[0])), sum(call[2] for call in calls if keep(call[0])))
+            for name, calls in trainer.calls.items()
+        }
+
+    inside = summed(lambda began: report.first_time <= began <= report.end_time)
+    last_hook = max(began + seconds for calls in trainer.calls.values() for began, seconds, _ in calls)
+    return {
+        "rate": rate,
+        "metrics": metrics,
+        "steps": report.step - report.first_step,
+        "seconds": (report.step - report.first_step) / rate,
+        "executions": max(sum(report.first_time <= call[0] for call in calls) for calls in trainer.calls.values()),
+        "inside": inside,
+        "first_boundary": summed(lambda began: began < report.first_time),
+        "fit_end": report.end_time - last_hook,
+        "written": sum(report.checkpoint_write_seconds),
+        "polls": polls,
+    }
+
+
+ADDITIONS = {  # what each callback does at a boundary of the timed window, and at the first boundary
+    "FirstExecution": ("the step reached", "the first-execution booking, the time to first step's line"),
+    "NanGuard": ("a non-finite loss check", ""),
+    "StepLog": (
+        "every step's learning rate, the metrics and, each train.log_every, the log line, MFU, a flush",
+        "the model FLOPs count, the summaries' first writes",
+    ),
+    "GoodputProgress": ("the run record (metrics.json), each train.log_every", ""),
+    "ProfileWindow": ("runtime.profile_steps", ""),
+    "Checkpoints": ("a save each train.checkpoint_every", "the background saves' set-up"),
+    "Preemption": ("the SIGTERM / metadata-notice flag", ""),
+    "PeriodicEvaluation": ("each train.eval_every, taken out of the window", ""),
+    "EarlyStopping": ("the early-stop check", ""),
+}
+
+
+def describe_additions(rounds: list[dict], bare_windows: list[tuple[int, float]], asynchronous: bool) -> dict:
+    """Prints what the trainer adds inside its timed window, each item the median of the rounds, the
+    list's sum against the difference between the trainer's window and the bare fit's time for the
+    same steps; then the first boundary's work and other threads'. Returns the JSON line's figures."""
+    median = statistics.median
+    steps, executions = rounds[0]["steps"], rounds[0]["executions"]
+    window = median(entry["seconds"] for entry in rounds)
+    bare = median(steps * seconds / bare_steps for bare_steps, seconds in bare_windows)
+    items = {name: median(entry["inside"][name][0] for entry in rounds) for name in rounds[0]["inside"]}
+    held = {name: median(entry["inside"][name][1] for entry in rounds) for name in rounds[0]["inside"]}
+    items["fit's end"] = median(entry["fit_end"] for entry in rounds)
+    print(
+        f"what the trainer adds inside its timed window ({steps} steps, {executions} boundaries, from the second "
+        f"execution's start to fit's end; median of {len(rounds)} rounds):",
+        flush=True,
+    )
+    for name, seconds in items.items():
+        what = ADDITIONS.get(name, ("a task's own callback", ""))[0] if name != "fit's end" else "Keras' end of fit"
+        if held.get(name):
+            what += f"; saves held training {held[name]:.3f} s"
+            what += ", written in the background" if asynchronous else ""
+        print(
+            f"  {name:18s} {seconds:7.3f} s {1e3 * seconds / max(executions, 1):7.2f} ms a boundary "
+            f"{seconds / window:6.2%} of the window  ({what})",
+            flush=True,
+        )
+    listed = sum(items.values())
+    print(
+        f"  {'sum':18s} {listed:7.3f} s {'':18s}{listed / window:6.2%};  the trainer's window {window:.2f} s, the bare "
+        f"fit's for the same steps {bare:.2f} s: {window - bare:+.3f} s",
+        flush=True,
+    )
+    first = {name: median(entry["first_boundary"][name][0] for entry in rounds) for name in rounds[0]["first_boundary"]}
+    named = [
+        f"{name} {seconds:.3f} s" + (f" ({ADDITIONS[name][1]})" if ADDITIONS.get(name, ("", ""))[1] else "")
+        for name, seconds in sorted(first.items(), key=lambda item: -item[1])
+        if seconds >= 0.01
+    ]
+    polls = rounds[0]["polls"]
+    print(
+        f"  before it, at the first boundary (once per start): {sum(first.values()):.3f} s"
+        + (f": {', '.join(named)}" if named else "")
+        + f"; in other threads: checkpoint files written {median(entry['written'] for entry in rounds):.3f} s"
+        + (" (while training goes on)" if asynchronous else "")
+        + f", {len(polls)} metadata-server look{'s' if len(polls) != 1 else ''} {sum(polls):.3f} s",
+        flush=True,
+    )
+    return {
+        "trainer_window_seconds": round(window, 3),
+        "bare_seconds_same_steps": round(bare, 3),
+        "trainer_additions_seconds": {name: round(seconds, 4) for name, seconds in items.items()},
+        "trainer_checkpoint_held_seconds": round(sum(held.values()), 4),
+        "trainer_first_boundary_seconds": {name: round(seconds, 4) for name, seconds in first.items()},
+    }
 
 
 def host_peaks(cfg, resolved, seconds: float) -> dict:
@@ -326,7 +511,8 @@ def host_peaks(cfg, resolved, seconds: float) -> dict:
 
 
 def trainer_over_bare(cfg, task, resolved, manifest: dict, rounds: int) -> dict:
-    """The trainer's steps/s over a bare fit's, alternating `rounds` times; the trainer's MFU."""
+    """The trainer's steps/s over a bare fit's, alternating `rounds` times, each over the same window
+    (the second execution's start to fit's end); what the trainer adds inside it; the trainer's MFU."""
     spe, _ = spe_lib.choose_for(cfg, task, resolved, manifest)
     chosen = precision.choose(cfg.runtime.mixed_precision, resolved.kind).precision
     cfg = replace(
@@ -334,18 +520,29 @@ def trainer_over_bare(cfg, task, resolved, manifest: dict, rounds: int) -> dict:
         train=replace(cfg.train, steps_per_execution=spe),
         runtime=replace(cfg.runtime, mixed_precision=chosen),
     )
-    trainer_rates, bare_rates, last = [], [], {}
+    print(
+        f"the trainer against a bare fit: {cfg.train.total_steps} steps at spe {spe}, the same model, input and "
+        "precision; each timed from its second execution's start to fit's end (the trainer's own figure)",
+        flush=True,
+    )
+    trainer_runs, bare_windows = [], []
     with tempfile.TemporaryDirectory() as workdir:
-        for round_ in range(rounds):
-            rate, last = trainer_rate(cfg, task, workdir, round_)
-            trainer_rates.append(rate)
-            bare_rates.append(bare_rate(cfg, task, resolved, manifest, spe))
+        for round_ in range(rounds):  # which goes first alternates: neither always runs on a warmer host
+            if round_ % 2:
+                bare_windows.append(bare_window(cfg, task, resolved, manifest, spe))
+            trainer_runs.append(trainer_round(cfg, task, workdir, round_))
+            if not round_ % 2:
+                bare_windows.append(bare_window(cfg, task, resolved, manifest, spe))
             print(
-                f"round {round_ + 1}: trainer {trainer_rates[-1]:8.2f} steps/s, "
-                f"bare model.fit {bare_rates[-1]:8.2f} steps/s",
+                f"round {round_ + 1}: trainer {trainer_runs[-1]['rate']:8.2f} steps/s, "
+                f"bare model.fit {bare_windows[-1][0] / bare_windows[-1][1]:8.2f} steps/s",
                 flush=True,
             )
+    trainer_rates = [entry["rate"] for entry in trainer_runs]
+    bare_rates = [steps / seconds for steps, seconds in bare_windows]
     ratio = statistics.median(trainer_rates) / statistics.median(bare_rates)
+    additions = describe_additions(trainer_runs, bare_windows, cfg.train.async_checkpoint)
+    last = trainer_runs[-1]["metrics"]
     mfu, tflops = last.get("model_flops_utilization"), last.get("tflops_per_chip")
     print(
         f"trainer/bare: {ratio:.3f} (goal >= 0.97) over {cfg.train.total_steps} steps at spe {spe}, "
@@ -364,6 +561,7 @@ def trainer_over_bare(cfg, task, resolved, manifest: dict, rounds: int) -> dict:
         "bare_steps_per_s": [round(rate, 2) for rate in bare_rates],
         "trainer_tflops_per_chip": last.get("tflops_per_chip"),
         "trainer_model_flops_utilization": mfu,
+        **additions,
     }
 
 
@@ -463,26 +661,20 @@ def checkpoint_comparison(cfg, task, resolved, manifest: dict, args) -> dict:
                 tf.io.gfile.rmtree(remote)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg, args = config_lib.command_line(
-        __doc__.split("\n\n")[0],
-        argv,
-        lambda parser: (
-            parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
-            parser.add_argument("--rounds", type=int, default=2, help="trainer and bare-fit runs, alternating"),
-            parser.add_argument(
-                "--gcs", default="", help="a gs:// folder to time checkpoint saves on too (written, then deleted)"
-            ),
-            parser.add_argument("--saves", type=int, default=5, help="checkpoint saves per storage and kind"),
-        ),
-        registry=tasks,
-    )
-    task = tasks.load(cfg.task)
-    resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
-    resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
-    print(f"precision {chosen.describe()}", flush=True)
+PARTS = ("input", "peak", "trainer", "checkpoints")
+
+
+def parts_of(value: str) -> tuple[str, ...]:
+    """--only's comma-separated parts, each one of PARTS; all of them for ''."""
+    chosen = tuple(part.strip() for part in value.split(",") if part.strip()) or PARTS
+    unknown = [part for part in chosen if part not in PARTS]
+    if unknown:
+        raise UserError(f"--only takes a comma-separated list of {', '.join(PARTS)}; got {', '.join(unknown)}")
+    return chosen
+
+
+def input_part(cfg, task, resolved, manifest: dict, chosen: str, seconds: float) -> dict:
+    """The input against a naive one, the train orders, training on synthetic and real data."""
     files, counts = input_pipeline.split_files(cfg.data.dir, manifest, "train")
     batch = cfg.train.global_batch_size
     train = manifest["splits"]["train"]
@@ -492,9 +684,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{task.describe_data(manifest)}, {bytes_per_example:,.0f} bytes per example",
         flush=True,
     )
-    optimized, naive = compare_inputs(cfg, task, resolved, manifest, files, counts, args.seconds)
-    orders = compare_orders(cfg, manifest, files, counts, args.seconds)
-    training = compare_training(cfg, task, resolved, manifest, chosen.precision, optimized, args.seconds)
+    optimized, naive = compare_inputs(cfg, task, resolved, manifest, files, counts, seconds)
+    orders = compare_orders(cfg, manifest, files, counts, seconds)
+    training = compare_training(cfg, task, resolved, manifest, chosen, optimized, seconds)
     synthetic_rate, real_rate = training["synthetic"], training["real"]
     input_bound = real_rate < INPUT_BOUND_MARGIN * synthetic_rate
     print(
@@ -506,31 +698,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         flush=True,
     )
-    bf16_over_f32 = training["bfloat16_over_float32"]
-    peaks = host_peaks(cfg, resolved, args.seconds)
-    trainer = trainer_over_bare(cfg, task, resolved, manifest, args.rounds)
-    checkpoints = checkpoint_comparison(cfg, task, resolved, manifest, args)
-    print(
-        json.dumps(
-            {
-                "bytes_per_example": round(bytes_per_example),
-                "train_shards": len(files),
-                "optimized_examples_per_s": round(optimized, 1),
-                "naive_examples_per_s": round(naive, 1),
-                "speedup": round(optimized / naive, 2),
-                "train_steps_per_s_synthetic": round(synthetic_rate, 2),
-                "train_steps_per_s_real": round(real_rate, 2),
-                "input_over_synthetic_training": round(optimized / (synthetic_rate * batch), 2),
-                "precision": chosen.precision,
-                "bfloat16_over_float32_step_time": round(bf16_over_f32, 2),
-                "input_bound": input_bound,
-                **orders,
-                **peaks,
-                **trainer,
-                **checkpoints,
-            }
-        )
+    return {
+        "bytes_per_example": round(bytes_per_example),
+        "train_shards": len(files),
+        "optimized_examples_per_s": round(optimized, 1),
+        "naive_examples_per_s": round(naive, 1),
+        "speedup": round(optimized / naive, 2),
+        "train_steps_per_s_synthetic": round(synthetic_rate, 2),
+        "train_steps_per_s_real": round(real_rate, 2),
+        "input_over_synthetic_training": round(optimized / (synthetic_rate * batch), 2),
+        "precision": chosen,
+        "bfloat16_over_float32_step_time": round(training["bfloat16_over_float32"], 2),
+        "input_bound": input_bound,
+        **orders,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, args = config_lib.command_line(
+        __doc__.split("\n\n")[0],
+        argv,
+        lambda parser: (
+            parser.add_argument("--seconds", type=float, default=3.0, help="minimum time per measurement"),
+            parser.add_argument("--rounds", type=int, default=2, help="trainer and bare-fit runs, alternating"),
+            parser.add_argument(
+                "--gcs", default="", help="a gs:// folder to time checkpoint saves on too (written, then deleted)"
+            ),
+            parser.add_argument("--saves", type=int, default=5, help="checkpoint saves per storage and kind"),
+            parser.add_argument(
+                "--only",
+                default="",
+                help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all); after the dotted keys",
+            ),
+        ),
+        registry=tasks,
     )
+    parts = parts_of(args.only)
+    if args.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {args.rounds}")
+    task = tasks.load(cfg.task)
+    resolved = distribute.resolve(cfg.runtime)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
+    resolved.per_replica_batch_size(cfg.train.global_batch_size)
+    chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
+    print(f"precision {chosen.describe()}", flush=True)
+    figures = {}
+    if "input" in parts:
+        figures.update(input_part(cfg, task, resolved, manifest, chosen.precision, args.seconds))
+    if "peak" in parts:
+        figures.update(host_peaks(cfg, resolved, args.seconds))
+    if "trainer" in parts:
+        figures.update(trainer_over_bare(cfg, task, resolved, manifest, args.rounds))
+    if "checkpoints" in parts:
+        figures.update(checkpoint_comparison(cfg, task, resolved, manifest, args))
+    print(json.dumps(figures))
     return 0
 
 

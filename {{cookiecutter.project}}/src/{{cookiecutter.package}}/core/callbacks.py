@@ -58,7 +58,11 @@ class Report:
     first_step: int = 0
     """The step after the first execution, from which throughput is measured (FirstExecution)."""
     first_time: float | None = None
-    """perf_counter at the end of the first execution (FirstExecution); None: no step ran."""
+    """perf_counter when the second execution began (FirstExecution): throughput is timed from there
+    to `end_time`, the first execution and the work at its end (the model FLOPs count, first
+    traces) left out, as `make bench` times a bare fit; None: no second execution began."""
+    untimed_evaluation_seconds: float = 0.0
+    """The part of `evaluation_seconds` before `first_time` (FirstExecution)."""
     end_time: float = 0.0
     """perf_counter when fit ended (FirstExecution)."""
     utilisation: object | None = None
@@ -67,7 +71,8 @@ class Report:
     """The seconds each checkpoint save held the step loop (`save_checkpoint`: Checkpoints,
     Preemption, the trainer's last save): the save call, and before it the wait for the save before
     it if that one was still being written in the background. A last save whose step is saved
-    already adds its wait for that save's files to that save's."""
+    already adds its wait for that save's files to that save's. The set-up of background saves
+    (Checkpoints, at the first boundary) is an entry of its own before the saves'."""
     checkpoint_write_seconds: list[float] = dataclasses.field(default_factory=list)
     """The wall seconds from each save's call until its files were whole, in the background for an
     asynchronous one (`save_checkpoint`): what a preemption notice must leave time for."""
@@ -85,7 +90,8 @@ class Report:
     def examples_per_second(self, batch_size: int) -> float:
         """Training throughput after the first execution, the periodic evaluations left out; NaN when
         no step was timed."""
-        elapsed = self.end_time - (self.first_time or self.end_time) - self.evaluation_seconds
+        evaluated = self.evaluation_seconds - self.untimed_evaluation_seconds
+        elapsed = self.end_time - (self.first_time or self.end_time) - evaluated
         steps = self.step - self.first_step
         return steps * batch_size / elapsed if steps and elapsed > 0 else float("nan")
 
@@ -115,20 +121,27 @@ class BetweenExecutions(keras.callbacks.Callback):
 class FirstExecution(BetweenExecutions):
     """Books the first execution (fit's set-up, tracing, compilation: the training phase so far) to
     its own phase of the clock at the first boundary and prints the time to first step; reports the
-    step reached at every boundary and what training throughput is measured from."""
+    step reached at every boundary and what training throughput is measured from: the start of the
+    second execution, after every callback's work at the first boundary."""
 
     def __init__(self, initial_step: int, clock: goodput.PhaseClock, report: Report):
         super().__init__(initial_step)
         self.clock, self.report = clock, report
+        self.first_boundary_passed = False
         report.first_step = initial_step
 
     def on_execution_end(self, step, previous, logs):
         self.report.step = step
-        if self.report.first_time is None:
-            now = time.perf_counter()
-            self.report.first_step, self.report.first_time = step, now
+        if not self.first_boundary_passed:
+            self.first_boundary_passed = True
+            self.report.first_step = step
             self.clock.move_all(goodput.TRAINING, goodput.FIRST_EXECUTION)  # fit's set-up included
             print(self.clock.describe_first_step(), flush=True)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.first_boundary_passed and self.report.first_time is None:
+            self.report.first_time = time.perf_counter()
+            self.report.untimed_evaluation_seconds = self.report.evaluation_seconds
 
     def on_train_end(self, logs=None):
         self.report.end_time = time.perf_counter()
@@ -179,6 +192,9 @@ class StepLog(BetweenExecutions):
         # The model FLOPs are counted after the first execution (tracing the model takes a moment,
         # kept out of the time to first step and out of the timed windows).
         self.make_utilisation, self.utilisation = utilisation, None
+        # Every step's learning rate in one call a boundary: an eager summary op per step cost more
+        # than the rest of the step log (traced at the first boundary, outside the timed window).
+        self.write_learning_rates = scalar_series("learning_rate")
 
     def learning_rate(self, step: int) -> float:
         return schedule.learning_rate_at(step, self.peak, self.cfg.train.warmup_steps, self.cfg.train.total_steps)
@@ -192,8 +208,11 @@ class StepLog(BetweenExecutions):
             self.last_step, self.last_time = step, now
         with self.writer.as_default():
             # The schedule is a pure function of the step: every step's rate is logged, not only the last.
-            for each in range(previous + 1, step + 1):
-                tf.summary.scalar("learning_rate", self.learning_rate(each), step=each)
+            steps = list(range(previous + 1, step + 1))
+            rates = [self.learning_rate(each) for each in steps]
+            self.write_learning_rates(
+                tf.constant(steps, tf.int64, [len(steps)]), tf.constant(rates, tf.float32, [len(rates)])
+            )
             for name in self.metric_names:
                 tf.summary.scalar(name, logs[name], step=step)
         if crossed(self.cfg.train.log_every, previous, step) or step == self.cfg.train.total_steps:
@@ -221,6 +240,20 @@ class StepLog(BetweenExecutions):
                     tf.summary.scalar("model_flops_utilization", mfu, step=step)
         self.writer.flush()
         self.model.reset_metrics()
+
+
+def scalar_series(tag: str):
+    """A compiled `write(steps, values)`: the scalar `tag` at each of `steps` (int64) with the value
+    of `values` (float32) at the same index, into the default summary writer; the same events as a
+    `tf.summary.scalar` per step, in one call."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32)])
+    def write(steps, values):
+        for index in tf.range(tf.size(steps)):
+            with tf.compat.v1.name_scope(None):  # the tag as given, not under the loop's name scope
+                tf.summary.scalar(tag, values[index], step=steps[index])
+
+    return write
 
 
 class GoodputProgress(BetweenExecutions):
@@ -266,7 +299,12 @@ class ProfileWindow(BetweenExecutions):
 class Checkpoints(BetweenExecutions):
     """A checkpoint at every `train.checkpoint_every` boundary, written in the background when
     `asynchronous` (train.async_checkpoint); the seconds each save held training go to the report,
-    the log and TensorBoard (`checkpoint_blocking_seconds`)."""
+    the log and TensorBoard (`checkpoint_blocking_seconds`).
+
+    Background saves are set up at the first boundary when a save falls within this fit
+    (`prepare_background_saves`): the once-per-start work that the first two saves would otherwise
+    do in the middle of training. Its seconds count as held: added to the save's at a boundary
+    that also saves, an entry of their own otherwise."""
 
     def __init__(
         self,
@@ -280,13 +318,63 @@ class Checkpoints(BetweenExecutions):
         super().__init__(initial_step)
         self.manager, self.checkpoint_every, self.report = manager, checkpoint_every, report
         self.asynchronous, self.writer = asynchronous, writer
+        self.first_boundary = True
 
     def on_execution_end(self, step, previous, logs):
+        set_up = self.set_up(step, previous) if self.first_boundary else 0.0
+        self.first_boundary = False
+        held = self.report.checkpoint_blocking_seconds
         if crossed(self.checkpoint_every, previous, step):
-            blocked = save_checkpoint(self.manager, step, self.report, self.asynchronous)
+            saves = len(held)
+            blocked = save_checkpoint(self.manager, step, self.report, self.asynchronous) + set_up
+            if set_up and len(held) > saves:
+                held[-1] += set_up  # this boundary held training for both
             if self.writer is not None:
                 with self.writer.as_default():
                     tf.summary.scalar("checkpoint_blocking_seconds", blocked, step=step)
+        elif set_up:
+            held.append(set_up)
+
+    def set_up(self, step: int, initial_step: int) -> float:
+        """At the first boundary, the background saves' set-up when a save comes in this fit: the
+        seconds it held training (0 where there was nothing to set up)."""
+        if not self.asynchronous or not self.saves_in_this_fit(initial_step):
+            return 0.0
+        started = time.perf_counter()
+        if not prepare_background_saves(self.manager):
+            return 0.0
+        seconds = time.perf_counter() - started
+        print(
+            f"background checkpoint saves set up at step {step}: training held {seconds:.3f} s (a host copy of "
+            "every variable and its copy function traced, once per start, instead of at the first two saves)",
+            flush=True,
+        )
+        return seconds
+
+    def saves_in_this_fit(self, initial_step: int) -> bool:
+        """Whether a checkpoint boundary lies in the steps fit was given (Keras' params; True when
+        they are not known)."""
+        params = self.params or {}
+        if params.get("steps") is None:
+            return bool(self.checkpoint_every)
+        last = initial_step + params["steps"] * (params.get("epochs") or 1)
+        return crossed(self.checkpoint_every, initial_step, last)
+
+
+def prepare_background_saves(manager: tf.train.CheckpointManager) -> bool:
+    """Sets up the background saves of `manager`'s checkpoint now: the host copy of every variable
+    and the function that refreshes it at each save, traced and run once, which TensorFlow would
+    otherwise do at the first save (the copy) and the second (the trace); every save after this only
+    refreshes the copy. The checkpoints written are the same. False, with nothing done, where this
+    TensorFlow's checkpoint has no such set-up to call: its saves set themselves up as before."""
+    helper_of = getattr(manager.checkpoint, "_async_checkpointer", None)
+    helper = helper_of() if callable(helper_of) else None
+    initialize, copy = getattr(helper, "_ensure_initialized", None), getattr(helper, "_copy_to_cpu", None)
+    if helper is None or getattr(helper, "_initialized", True) or not callable(initialize) or not callable(copy):
+        return False
+    initialize()  # the host copies and the background writer's thread (TensorFlow's first save)
+    copy()  # the copy function traced and run (TensorFlow's second save)
+    return True
 
 
 def save_checkpoint(
