@@ -27,7 +27,7 @@ EXPECTED_FILES = {
         "tasks/__init__", "train")),
     # The library the commands share.
     *(f"src/{{package}}/core/{name}.py" for name in (
-        "__init__", "baselines", "callbacks", "config", "distribute", "errors", "evaluation", "gcp", "goodput", "input_cursor", "input_pipeline",
+        "__init__", "baselines", "callbacks", "config", "distribute", "errors", "evaluation", "example_proto", "gcp", "goodput", "input_cursor", "input_pipeline",
         "keras", "levers", "memory", "model", "native_logs", "optimizers", "precision", "preemption", "preprocessing", "profiler",
         "recompute", "run_dir", "schedule", "steps_per_execution", "support", "task", "tensorflow_sets", "topology", "trainer",
         "utilisation")),
@@ -36,7 +36,7 @@ EXPECTED_FILES = {
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/base.yaml", "configs/local.yaml",
         "configs/tpu.yaml", "configs/pod.yaml")),
     *(f"tests/{name}.py" for name in (
-        "conftest", "gcs_emulator", "test_async_checkpoint", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor",
+        "conftest", "gcs_emulator", "test_async_checkpoint", "test_baselines", "test_bench", "test_callbacks", "test_config", "test_contract", "test_credentials", "test_doctor", "test_example_proto",
         "test_flops_loops",
         "test_gcs_emulator",
         "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_parity_randomness", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",

@@ -166,26 +166,90 @@ def expected_records(raw, data_dir, min_files: int) -> int:
 
     splits = json.loads((data_dir / "manifest.json").read_text())["splits"]
     accepted = sum(split["num_examples"] for split in splits.values())
-    return accepted * math.ceil(min_files / len(tasks.load(tasks.DEFAULT).list_raw(str(raw)).units))
+    return accepted * max(1, math.ceil(min_files / len(tasks.load(tasks.DEFAULT).list_raw(str(raw)).units)))
 
 
-def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir, data_dir):
-    output, figures = run_module(
+def bench_preprocess(raw, *args: str) -> tuple[str, dict]:
+    """`make bench-preprocess` on `raw`, in the shards of the `data_dir` fixture (4 per split)."""
+    return run_module(
         "bench_preprocess",
         "--input",
-        str(raw_dir),
+        str(raw),
         "--config",
         "configs/local.yaml",
         *DATA_OVERRIDES,
-        "--min_files",
-        "60",
+        "--num_shards",
+        "4",
         "--repeats",
         "1",
-        "--no_multi",
+        *args,
     )
-    assert "beam runs at" in output and "identical shards" in output
-    assert {"beam_records_per_s", "plain_records_per_s", "ratio", "records"} <= set(figures)
+
+
+def test_bench_preprocess_compares_beam_with_a_plain_loop(raw_dir, data_dir):
+    output, figures = bench_preprocess(raw_dir, "--sizes", "sample", "--min_files", "60", "--no_multi")
+    assert "beam in-process" in output and "identical shards" in output and "make preprocess picks" in output
+    assert {"beam_records_per_s", "plain_records_per_s", "ratio", "records", "in_process_ratio", "picks"} <= set(
+        figures
+    )
     assert figures["records"] == expected_records(raw_dir, data_dir, 60)
+    assert [size["size"] for size in figures["sizes"]] == ["sample"] and figures["runner"] == "in-process"
+
+
+def test_bench_preprocess_measures_both_runners_on_larger_copies_of_the_input(raw_dir, data_dir):
+    """A size in records is made of whole copies of the input's files, as many as it takes; at each
+    size the worker processes write the plain loop's bytes, and the runner `make preprocess`
+    picks for that input is reported beside the faster one."""
+    from {{ cookiecutter.package }}.core import preprocessing
+
+    sample = expected_records(raw_dir, data_dir, 0)
+    output, figures = bench_preprocess(raw_dir, "--sizes", f"sample,{sample + 1}", "--workers", "2")
+    first, second = figures["sizes"]
+    assert "writing 2 copies of each file" in output and "crossover: " in output
+    assert (second["files"], second["bytes"]) == (2 * first["files"], 2 * first["bytes"])
+    assert first["records"] == sample and second["records"] >= 2 * sample - 8  # a packed shard's last window
+    assert first["multi_identical_shards"] and second["multi_identical_shards"] and figures["multi_identical_shards"]
+    assert figures["records"] == second["records"] and figures["workers"] == 2
+    for size in (first, second):
+        assert size["faster"] in ("in-process", "multi-process") and size["picks"] == "in-process"  # below any size
+    assert figures["threshold_bytes"] is None or figures["threshold_bytes"] > second["bytes"]
+    assert isinstance(figures["ratio"], float) and figures["runner"] == second["faster"]
+    assert preprocessing.megabytes(second["bytes"]) in output
+
+
+def test_bench_preprocess_reads_sizes_and_finds_the_crossover():
+    """--sizes: the sample first, record counts and sizes in bytes; the crossover interpolated
+    between the sizes around the change of the faster runner."""
+    from {{ cookiecutter.package }}.bench_preprocess import crossover, parse_sizes
+    from {{ cookiecutter.package }}.core.errors import UserError
+
+    assert parse_sizes("100k,sample, 2500,1.5GB,500mb") == [
+        ("sample", 0),
+        ("records", 100_000),
+        ("records", 2500),
+        ("bytes", 1_500_000_000),
+        ("bytes", 500_000_000),
+    ]
+    with pytest.raises(UserError, match="'1m' is not a size; give `sample`, a record count"):
+        parse_sizes("sample,1m")
+    sizes = [
+        {"bytes": 3_000_000, "in_process_s": 4.0, "multi_s": 3.0},
+        {"bytes": 1_000_000, "in_process_s": 1.0, "multi_s": 2.0},
+        {"bytes": 500_000, "in_process_s": 0.5, "multi_s": 1.9},
+    ]
+    at, sentence = crossover(sizes)
+    assert at == pytest.approx(2_000_000) and "between 1.0 MB and 3.0 MB" in sentence
+    assert crossover(sizes[1:]) == (
+        None,
+        "the in-process runner was as fast or faster at the largest size measured, 1.0 MB",
+    )
+    assert crossover(sizes[:1]) == (None, "worker processes were faster at every size measured, from 3.0 MB")
+    # Ahead at one size, behind at a larger one: the crossover is where they stay ahead.
+    behind = [*sizes, {"bytes": 6_000_000, "in_process_s": 8.0, "multi_s": 9.0}]
+    assert crossover(behind)[0] is None
+    assert crossover([*behind, {"bytes": 9_000_000, "in_process_s": 12.0, "multi_s": 10.0}])[0] == pytest.approx(
+        7_000_000
+    )
 
 
 def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, data_dir, tmp_path):
@@ -201,17 +265,5 @@ def test_bench_preprocess_skips_a_broken_first_file_like_preprocessing(raw_dir, 
     broken = raw / first.rpartition("/")[0] / f"-empty{first[first.rindex('.') :]}"  # sorts first
     broken.write_bytes(b"")
     assert tasks.load(tasks.DEFAULT).list_raw(str(raw)).units[0] == str(broken.relative_to(raw))
-    output, figures = run_module(
-        "bench_preprocess",
-        "--input",
-        str(raw),
-        "--config",
-        "configs/local.yaml",
-        *DATA_OVERRIDES,
-        "--min_files",
-        "10",
-        "--repeats",
-        "1",
-        "--no_multi",
-    )
+    output, figures = bench_preprocess(raw, "--sizes", "sample", "--min_files", "10", "--no_multi")
     assert figures["records"] == expected_records(raw, data_dir, 10)  # the empty file: no record

@@ -153,18 +153,17 @@ def test_a_failed_run_leaves_the_previous_output_intact(raw_dir, tmp_path, monke
 def test_a_manifest_is_written_whole_or_not_at_all(raw_dir, tmp_path, monkeypatch):
     """The disk fills while a run adds its baselines to the manifest (its second write): the
     manifest it wrote first stays whole, and no part of the failed one is left behind."""
-    import tensorflow as tf
-
     output = tmp_path / "out"
-    temporary = f"{preprocessing.MANIFEST}{run_dir.TEMPORARY}"
-    open_file, manifest_writes = tf.io.gfile.GFile, []
+    temporary = f"{preprocessing.MANIFEST}{preprocessing.TEMPORARY}"
+    assert preprocessing.TEMPORARY == run_dir.TEMPORARY  # one pattern for every atomic write's leftover
+    create, manifest_writes = FileSystems.create, []
 
     class DiskFull:
         def __init__(self, handle):
             self.handle = handle
 
-        def write(self, text: str) -> None:
-            self.handle.write(text[: len(text) // 2])
+        def write(self, data: bytes) -> None:
+            self.handle.write(data[: len(data) // 2])
             raise OSError(28, "No space left on device")
 
         def __enter__(self):
@@ -174,14 +173,14 @@ def test_a_manifest_is_written_whole_or_not_at_all(raw_dir, tmp_path, monkeypatc
             self.handle.close()
 
     def fill_on_the_second_manifest(path, *args, **kwargs):
-        handle = open_file(path, *args, **kwargs)
+        handle = create(path, *args, **kwargs)
         if str(path).rsplit("/", 1)[-1].startswith(temporary):
             manifest_writes.append(path)
             if len(manifest_writes) == 2:
                 return DiskFull(handle)
         return handle
 
-    monkeypatch.setattr(tf.io.gfile, "GFile", fill_on_the_second_manifest)
+    monkeypatch.setattr(FileSystems, "create", fill_on_the_second_manifest)
     with pytest.raises(OSError, match="No space left"):
         run_preprocess(raw_dir, output, *ARGS)
     monkeypatch.undo()
@@ -479,6 +478,7 @@ def test_local_to_gcs_in_a_subprocess(gcs_bucket, raw_dir, reference):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "runner: FnApiRunner in this process: " in done.stdout  # chosen by the input's size
     read, written, rejected = map(int, re.search(r"read (\d+), written (\d+), rejected (\d+)", done.stdout).groups())
     examples = sum(split["num_examples"] for split in reference[1]["splits"].values())
     assert (written, rejected) == (examples, SAMPLE_BROKEN) and read > 0  # files read (a .jsonl holds many)
@@ -597,6 +597,117 @@ def test_make_preprocess_on_dataflow_uses_the_project_answers():
         "--dry_run=True",
     ):
         assert option in command, option
+
+
+def test_the_input_size_is_the_bytes_of_the_listed_files(raw_dir, gcs_bucket, gcs_raw):
+    """What `make preprocess` sizes its runner by: the listed raw files and their bytes, from one
+    listing, the same for the folder and its copy on gs://; files the task ignores do not count."""
+    task = tasks.load(tasks.DEFAULT)
+    listing = task.list_raw(str(raw_dir))
+    size = preprocessing.input_size(str(raw_dir), listing)
+    assert size == preprocessing.InputSize(
+        len(listing.units), sum((raw_dir / unit).stat().st_size for unit in listing.units)
+    )
+    assert size.files < sum(1 for path in raw_dir.rglob("*") if path.is_file()) or not listing.ignored
+    assert preprocessing.input_size(gcs_raw, task.list_raw(gcs_raw)) == size
+    assert not gcs_bucket.blocked_requests()
+
+
+PROCESS_REPORT = """import atexit, os, sys
+
+
+def report():
+    with open(os.environ["PROCESS_REPORT"], "a") as handle:
+        handle.write(f"{' '.join(sys.argv)} tensorflow={'tensorflow' in sys.modules}\\n")
+
+
+if os.environ.get("PROCESS_REPORT"):
+    atexit.register(report)
+"""
+
+
+def choose(raw_dir, threshold, beam_args=(), cpus=2):
+    """The local runner `make preprocess` takes for `raw_dir` when the task's size is `threshold`."""
+    task = tasks.load(tasks.DEFAULT)
+    sized = type("Sized", (), {"name": task.name, "multi_process_from_bytes": threshold})()
+    return preprocessing.choose_local_runner(sized, str(raw_dir), task.list_raw(str(raw_dir)), list(beam_args), cpus)
+
+
+def test_the_local_runner_follows_the_input_size_and_the_options_given(raw_dir):
+    """Worker processes, one per CPU (at most MAX_LOCAL_WORKERS), from the task's size of input on
+    and with 2 CPUs or more; this process below it, on 1 CPU or for a task without a size; runner
+    options the user gave, as given. Each choice in one line that says why."""
+    task = tasks.load(tasks.DEFAULT)
+    size = preprocessing.input_size(str(raw_dir), task.list_raw(str(raw_dir)))
+    at = preprocessing.megabytes(size.bytes)
+    assert choose(raw_dir, size.bytes) == (
+        ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+        f"runner: FnApiRunner, 2 worker processes: the input, {size}, is at least the {at} from which "
+        f"worker processes pay back their start for task {task.name}",
+    )
+    assert f"--direct_num_workers={preprocessing.MAX_LOCAL_WORKERS}" in choose(raw_dir, 1, cpus=64)[0]
+    below = preprocessing.megabytes(size.bytes + 1)
+    assert choose(raw_dir, size.bytes + 1) == (
+        ["--runner=FnApiRunner"],
+        f"runner: FnApiRunner in this process: the input, {size}, is below the {below} from which worker "
+        f"processes pay back their start for task {task.name}",
+    )
+    assert choose(raw_dir, 1, cpus=1) == (
+        ["--runner=FnApiRunner"],
+        f"runner: FnApiRunner in this process: the input is {size}, on 1 CPU",
+    )
+    assert choose(raw_dir, None)[0] == ["--runner=FnApiRunner"]
+    assert "names no input size from which worker processes pay back" in choose(raw_dir, None)[1]
+    for given, shown in (
+        (["--direct_num_workers=1"], "--direct_num_workers=1"),
+        (["--runner", "FnApiRunner", "--num_workers=3"], "--runner FnApiRunner"),
+        (
+            ["--direct_running_mode=multi_threading", "--direct_num_workers", "4"],
+            "--direct_running_mode=multi_threading --direct_num_workers 4",
+        ),
+        (["--runner=DataflowRunner", "--project=p"], "--runner=DataflowRunner"),
+    ):
+        assert choose(raw_dir, 1, given) == (given, f"runner: as given ({shown})")
+
+
+def test_preprocessing_picks_worker_processes_from_the_tasks_size_unless_told(
+    raw_dir, reference, tmp_path, monkeypatch, capsys
+):
+    """`make preprocess`'s entry point without runner options on the small sample, with the task's
+    size lowered to the sample's: a real run in 2 worker processes, which write the in-process run's
+    bytes; a runner option given on the command line wins over the size."""
+    task = tasks.load(tasks.DEFAULT)
+    size = preprocessing.input_size(str(raw_dir), task.list_raw(str(raw_dir)))
+    monkeypatch.setattr(type(task), "multi_process_from_bytes", size.bytes)
+    monkeypatch.setattr(preprocessing, "usable_cpus", lambda: 2)
+    # The worker processes import the project from PYTHONPATH, as `make` exports it, and each new
+    # process says at exit what it ran and whether it imported TensorFlow (a sitecustomize module).
+    site, report = tmp_path / "site", tmp_path / "processes.txt"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PROCESS_REPORT)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(site), str(PROJECT / "src"), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setenv("PROCESS_REPORT", str(report))
+    assert preprocess.main(["--input", str(raw_dir), "--output", str(tmp_path / "workers"), *ARGS]) == 0
+    assert f"runner: FnApiRunner, 2 worker processes: the input, {size}, is at least" in capsys.readouterr().out
+    assert shard_bytes(tmp_path / "workers") == shard_bytes(reference[0])
+    workers = [line for line in report.read_text().splitlines() if "sdk_worker_main" in line]
+    assert len(workers) == 2, workers
+    # The workers encode without TensorFlow (core/example_proto.py): none of them imported it.
+    assert all(line.endswith("tensorflow=False") for line in workers), workers
+
+    given = ["--direct_num_workers=1"]
+    assert preprocess.main(["--input", str(raw_dir), "--output", str(tmp_path / "given"), *ARGS, *given]) == 0
+    assert "runner: as given (--direct_num_workers=1)" in capsys.readouterr().out
+    assert shard_bytes(tmp_path / "given") == shard_bytes(reference[0])
+
+
+def test_make_preprocess_leaves_the_local_runner_to_the_input_size():
+    """`make preprocess` (RUNNER=local) passes no runner option: the size of the input picks one."""
+    result = subprocess.run(["make", "-n", "preprocess"], cwd=PROJECT, capture_output=True, text=True, check=True)
+    command = next(line for line in result.stdout.replace("\\\n", " ").splitlines() if ".preprocess " in line)
+    assert "--input" in command and not re.search(r"--runner|--direct_", command), command
 
 
 def test_the_summary_rate_shows_its_digits():

@@ -25,7 +25,8 @@ from {{ cookiecutter.package }}.core.task import RawExample
 from {{ cookiecutter.package }}.tasks.language_model import TASK, generate, packing
 from {{ cookiecutter.package }}.tasks.language_model.config import LanguageModelConfig, LanguageModelPredictConfig
 from {{ cookiecutter.package }}.tasks.language_model.model import build_model
-from {{ cookiecutter.package }}.tasks.language_model.objective import TokenMetric, unigram_perplexity
+from {{ cookiecutter.package }}.tasks.language_model.objective import TokenMetric
+from {{ cookiecutter.package }}.tasks.language_model.task import unigram_perplexity
 from {{ cookiecutter.package }}.tasks.text import tokenizer
 
 NAME = "language_model"

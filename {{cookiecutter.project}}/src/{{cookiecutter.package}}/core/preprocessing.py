@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import struct
 import time
 import uuid
@@ -49,7 +50,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from . import gcp, topology
 from .errors import UserError
-from .task import RawRejection, Rejected
+from .task import Listing, RawRejection, Rejected
 
 SPLITS = ("train", "eval")
 MANIFEST = "manifest.json"
@@ -297,8 +298,6 @@ def finalize(
     input_root: str,
 ) -> dict:
     """Replaces the previous output with the new shards, then writes the manifest last."""
-    from .run_dir import TEMPORARY  # TensorFlow's file system: not imported at start-up
-
     output = output.rstrip("/")
     old_manifest = join(output, MANIFEST)
     if FileSystems.exists(old_manifest):
@@ -361,12 +360,27 @@ def finalize(
     return manifest
 
 
-def write_manifest(output: str, manifest: dict) -> None:
-    """Writes manifest.json whole or not at all (write_atomically): a reader, or a run killed or out
-    of disk mid-write, finds the previous manifest or the new one, never a part of one."""
-    from .run_dir import write_atomically  # TensorFlow's file system: not imported at start-up
+TEMPORARY = ".tmp-"
+"""What `write_manifest` appends to the manifest's path for the file it renames over it (as
+`run_dir.write_atomically` does: the same pattern marks a killed write's leftover)."""
 
-    write_atomically(join(output, MANIFEST), json.dumps(manifest, indent=2))
+
+def write_manifest(output: str, manifest: dict) -> None:
+    """Writes manifest.json whole or not at all: a reader, or a run killed or out of disk mid-write,
+    finds the previous manifest or the new one, never a part of one. The content goes to a temporary
+    file beside it, which then replaces it (POSIX rename on a local disk; on gs:// a copy, which makes
+    the object's new generation in one step, then a delete). Through Beam's file systems: the worker
+    that finalizes the job imports no TensorFlow. A failed write removes its temporary file."""
+    path = join(output, MANIFEST)
+    temporary = f"{path}{TEMPORARY}{uuid.uuid4().hex[:8]}"
+    try:
+        with FileSystems.create(temporary, mime_type="application/json") as handle:
+            handle.write(json.dumps(manifest, indent=2).encode("utf-8"))
+        FileSystems.rename([temporary], [path])
+    except BaseException:
+        if FileSystems.exists(temporary):
+            FileSystems.delete([temporary])
+        raise
 
 
 def remove_temp_folders(output: str, temp_dir: str) -> None:
@@ -393,9 +407,11 @@ def build_pipeline(
     reading_hosts: int = 1,
     num_shards: int | None = None,
     compression: str = "none",
+    listing: Listing | None = None,
 ) -> dict:
-    """Adds `task`'s preprocessing steps to `pipeline`; returns what the driver learned from listing."""
-    listing = task.list_raw(input_root)
+    """Adds `task`'s preprocessing steps to `pipeline`; returns what the driver learned from listing
+    (`listing`, when the driver listed RAW already)."""
+    listing = listing or task.list_raw(input_root)
     root = listing.root or input_root  # what units and sources are relative to
     temp_dir = join(output, f".tmp-{uuid.uuid4().hex[:12]}")
     batches = [listing.units[i : i + FILES_PER_ELEMENT] for i in range(0, len(listing.units), FILES_PER_ELEMENT)]
@@ -525,6 +541,97 @@ def check_dataflow_paths(options: PipelineOptions, *paths: str) -> None:
             )
 
 
+# ----------------------------------------------------------------------------- the local runner
+
+RUNNER_OPTIONS = ("--runner", "--direct_num_workers", "--direct_running_mode")
+"""Beam options that choose the runner: one given by the user is used as given."""
+MAX_LOCAL_WORKERS = 8
+"""Worker processes at most: every element crosses the runner's own process between stages."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSize:
+    files: int
+    bytes: int
+
+    def __str__(self) -> str:
+        return f"{megabytes(self.bytes)} in {self.files:,} files"
+
+
+def megabytes(count: float) -> str:
+    return f"{count / 1e6:,.1f} MB" if count < 1e9 else f"{count / 1e9:,.2f} GB"
+
+
+def input_size(input_root: str, listing: Listing) -> InputSize:
+    """Files and bytes of the listed raw input (local or gs://), from one listing of its folder's
+    sizes: no file is opened. Listed files outside that folder (a CSV index may name any path) count
+    at the mean size of the others."""
+    root = (listing.root or input_root).rstrip("/")
+    sizes = {m.path: m.size_in_bytes for m in FileSystems.match([join(root, "**")])[0].metadata_list}
+    found = [sizes[path] for path in (locate(root, unit) for unit in listing.units) if path in sizes]
+    total = sum(found)
+    if found and len(found) < len(listing.units):
+        total += (len(listing.units) - len(found)) * total // len(found)
+    return InputSize(len(listing.units), total)
+
+
+def given_runner_options(beam_args: Sequence[str]) -> list[str]:
+    """The runner options among Beam's arguments, as given (`--runner=X`, or `--runner X`)."""
+    given = []
+    for index, arg in enumerate(beam_args):
+        if arg.split("=", 1)[0] in RUNNER_OPTIONS:
+            value = "=" not in arg and index + 1 < len(beam_args) and not beam_args[index + 1].startswith("--")
+            given.append(f"{arg} {beam_args[index + 1]}" if value else arg)
+    return given
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def choose_local_runner(
+    task, input_root: str, listing: Listing, beam_args: Sequence[str], cpus: int | None = None
+) -> tuple[list[str], str]:
+    """(Beam's arguments with the local runner for this input, the line saying which and why).
+
+    Worker processes (--direct_running_mode=multi_processing) each start a Python process and load
+    the task's code, and every element crosses the runner's process between stages: they pay back
+    only above a size of input, which depends on the work per byte of the task. The task says from
+    which size (`multi_process_from_bytes`, measured with `make bench-preprocess`); without one, or
+    with one CPU, the job runs in this process. Runner options the user gave win."""
+    given = given_runner_options(beam_args)
+    if given:
+        return list(beam_args), f"runner: as given ({' '.join(given)})"
+    cpus = cpus or usable_cpus()
+    threshold = task.multi_process_from_bytes
+    size = input_size(input_root, listing)
+    if threshold is not None and cpus >= 2 and size.bytes >= threshold:
+        workers = min(cpus, MAX_LOCAL_WORKERS)
+        return [
+            *beam_args,
+            "--runner=FnApiRunner",
+            f"--direct_num_workers={workers}",
+            "--direct_running_mode=multi_processing",
+        ], (
+            f"runner: FnApiRunner, {workers} worker processes: the input, {size}, is at least the "
+            f"{megabytes(threshold)} from which worker processes pay back their start for task {task.name}"
+        )
+    if threshold is None:
+        why = f"task {task.name} names no input size from which worker processes pay back their start"
+    elif cpus < 2:
+        why = f"the input is {size}, on 1 CPU"
+    else:
+        why = (
+            f"the input, {size}, is below the {megabytes(threshold)} from which worker processes "
+            f"pay back their start for task {task.name}"
+        )
+    return [*beam_args, "--runner=FnApiRunner"], f"runner: FnApiRunner in this process: {why}"
+
+
 def run(
     input_root: str,
     output: str,
@@ -534,14 +641,17 @@ def run(
     reading_hosts: int,
     num_shards: int | None = None,
     compression: str = "none",
+    baselines: bool = True,
 ) -> int:
-    """Builds and runs `task`'s job (`beam_args` are Beam's pipeline options), prints what it wrote."""
-    if not any(arg == "--runner" or arg.startswith("--runner=") for arg in beam_args):
-        # Beam's default, the DirectRunner, may hand the job to the Prism runner, which downloads
-        # a binary from GitHub on first use: that fails offline and on locked-down TPU VMs. The
-        # FnApiRunner runs in this process with nothing to download.
-        beam_args = [*beam_args, "--runner=FnApiRunner"]
-    options = PipelineOptions(beam_args)
+    """Builds and runs `task`'s job (`beam_args` are Beam's pipeline options), prints what it wrote
+    and, with `baselines`, adds the task's baselines to the manifest.
+
+    Without a runner option the job runs on the FnApiRunner, in this process or in worker processes
+    as `choose_local_runner` decides from the input's size. (Beam's default, the DirectRunner, may
+    hand the job to the Prism runner, which downloads a binary from GitHub on first use: that fails
+    offline and on locked-down TPU VMs. The FnApiRunner has nothing to download.)"""
+    choose = not given_runner_options(beam_args)
+    options = PipelineOptions([*beam_args, "--runner=FnApiRunner"] if choose else beam_args)
     check_dataflow_paths(options, input_root, output)
     # Beam parses --dry_run as a string: "False" must not count.
     dry_run = str(options.get_all_options().get("dry_run")).lower() in ("true", "1", "yes")
@@ -558,8 +668,14 @@ def run(
     )
 
     started = time.perf_counter()
+    listing = task.list_raw(input_root)
+    if choose:
+        beam_args, runner = choose_local_runner(task, input_root, listing, beam_args)
+        options = PipelineOptions(beam_args)
+    else:
+        runner = f"runner: as given ({' '.join(given_runner_options(beam_args))})"
     pipeline = beam.Pipeline(options=options)
-    plan = build_pipeline(pipeline, input_root, output, task, data, reading_hosts, num_shards, compression)
+    plan = build_pipeline(pipeline, input_root, output, task, data, reading_hosts, num_shards, compression, listing)
     # The folders are the ones passed (--input, --output), which may not be the config's data.raw and data.dir.
     settings = ", ".join(
         f"{key}={value}"
@@ -569,6 +685,7 @@ def run(
     print(
         f"{plan['files']} input files in {input_root} ({plan['ignored']} other files ignored); {settings}", flush=True
     )
+    print(runner, flush=True)
     if dry_run and not on_dataflow:  # only the DataflowRunner knows --dry_run; the others would run
         print_dry_run(pipeline, options, None)
         return 0
@@ -592,7 +709,8 @@ def run(
         f"(listed in {REJECTED}); ignored {manifest['ignored_files']} other files",
         flush=True,
     )
-    add_baselines(task, manifest, output)
+    if baselines:
+        add_baselines(task, manifest, output)
     return 0
 
 

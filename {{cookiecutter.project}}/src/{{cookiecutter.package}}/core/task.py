@@ -451,6 +451,13 @@ class Task(abc.ABC):
     def bytes_per_example(self, data_config: Any) -> int:
         """Estimated bytes of one record, for sizing shards."""
 
+    multi_process_from_bytes: int | None = None
+    """The size of raw input, in bytes, from which `make preprocess` runs Beam in one worker process
+    per CPU rather than in its own process; None: always in its own. Worker processes each start
+    Python and load the task, and every element crosses between processes, so they pay back only
+    above a size that depends on the task's work per byte: `make bench-preprocess` measures it (its
+    crossover)."""
+
     @abc.abstractmethod
     def feature_spec(self, data_config: Any) -> dict:
         """JSON description of an example: written into the manifest, compared at start-up."""

@@ -26,6 +26,8 @@ import re
 
 import numpy as np
 
+from ...core import example_proto
+
 CHANNELS = 3
 # 2: images keep their aspect ratio (centre crop) and may be stored as JPEG.
 SPEC_VERSION = 2
@@ -117,8 +119,6 @@ def feature_spec(image_size: int, encoding: str = "raw") -> dict:
 
 def encode(image: np.ndarray, label: int, encoding: str = "raw") -> bytes:
     """Serialises one example; `image` is uint8 [side, side, 3] from `load_image`."""
-    from tensorflow.core.example import example_pb2, feature_pb2  # protos only: cheap on Beam workers
-
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != CHANNELS:
         raise ValueError(f"expected a uint8 [H, W, {CHANNELS}] image, got {image.dtype} {image.shape}")
     if encoding == "jpeg":
@@ -129,14 +129,10 @@ def encode(image: np.ndarray, label: int, encoding: str = "raw") -> bytes:
         pixels = buffer.getvalue()
     else:
         pixels = image.tobytes()
-    features = feature_pb2.Features(
-        feature={
-            "image": feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[pixels])),
-            "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(label)])),
-        }
+    # Written without TensorFlow: Beam's workers never import it.
+    return example_proto.example(
+        {"image": example_proto.bytes_feature([pixels]), "label": example_proto.int64_feature([int(label)])}
     )
-    # deterministic: map fields are otherwise written in an order that differs between processes.
-    return example_pb2.Example(features=features).SerializeToString(deterministic=True)
 
 
 # ----------------------------------------------------------------------------- tf.data (host side)

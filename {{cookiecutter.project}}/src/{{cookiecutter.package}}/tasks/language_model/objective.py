@@ -69,20 +69,6 @@ class TokenMetric(keras.metrics.Metric):
         return {**super().get_config(), "kind": self.kind}
 
 
-def unigram_perplexity(train_counts: dict[int, float], eval_counts: dict[int, float], vocab_size: int) -> float:
-    """Perplexity of the eval targets under the train targets' token frequencies, add-one smoothed:
-    what a model that ignores all context scores. A language model that learned anything beats it."""
-    train_total = sum(train_counts.values())
-    eval_total = sum(eval_counts.values())
-    if not eval_total:
-        return float("nan")
-    log_likelihood = sum(
-        count * math.log((train_counts.get(token, 0.0) + 1.0) / (train_total + vocab_size))
-        for token, count in eval_counts.items()
-    )
-    return math.exp(-log_likelihood / eval_total)
-
-
 def ngram_baselines(train, evaluation, vocab_size: int) -> dict[str, float]:
     """Eval perplexity of two count models of the train targets, over the same targets the metric
     counts: `unigram` (each token's frequency, add-one smoothed: no context) and `bigram` (the next

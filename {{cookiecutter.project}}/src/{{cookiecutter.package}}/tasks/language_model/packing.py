@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...core import example_proto
 from ..text.tokenizer import EOS_ID, PAD_ID
 
 SPEC_VERSION = 1
@@ -41,24 +42,14 @@ def feature_spec(seq_len: int) -> dict:
 def serialize(
     inputs: Sequence[int], targets: Sequence[int], segment_ids: Sequence[int], positions: Sequence[int]
 ) -> bytes:
-    from tensorflow.core.example import example_pb2, feature_pb2  # protos only: cheap on Beam workers
-
+    """One window as a tf.train.Example (written without TensorFlow: Beam's workers never import it)."""
     columns = dict(zip(FEATURES, (inputs, targets, segment_ids, positions)))
-    features = feature_pb2.Features(
-        feature={
-            name: feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(v) for v in values]))
-            for name, values in columns.items()
-        }
-    )
-    # deterministic: map fields are otherwise written in an order that differs between processes.
-    return example_pb2.Example(features=features).SerializeToString(deterministic=True)
+    return example_proto.example({name: example_proto.int64_feature(values) for name, values in columns.items()})
 
 
 def columns_of(record: bytes) -> dict[str, list[int]]:
-    from tensorflow.core.example import example_pb2
-
-    feature = example_pb2.Example.FromString(record).features.feature
-    return {name: list(feature[name].int64_list.value) for name in FEATURES}
+    feature = example_proto.parse(record)
+    return {name: feature[name] for name in FEATURES}
 
 
 def document_record(ids: Sequence[int]) -> bytes:

@@ -41,6 +41,9 @@ class LanguageModelTask(Task):
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text`"}
     headline_metric = "perplexity"
     higher_is_better = False
+    # `make bench-preprocess` on a 2-core Intel Xeon: worker processes overtook the in-process runner
+    # between 1.3 MB and 6.6 MB of raw text (about 4.2 MB); at 30 MB, 1.08x the plain loop's speed.
+    multi_process_from_bytes = 5_000_000
 
     # --------------------------------------------------------------- preprocessing (Beam)
     def list_raw(self, input_root: str) -> Listing:
@@ -302,9 +305,21 @@ class LanguageModelTask(Task):
 
 
 def objective_unigram(counts: dict, vocab_size: int) -> float:
-    from .objective import unigram_perplexity
-
     return unigram_perplexity(counts["train"], counts["eval"], vocab_size)
+
+
+def unigram_perplexity(train_counts: dict[int, float], eval_counts: dict[int, float], vocab_size: int) -> float:
+    """Perplexity of the eval targets under the train targets' token frequencies, add-one smoothed:
+    what a model that ignores all context scores. A language model that learned anything beats it."""
+    train_total = sum(train_counts.values())
+    eval_total = sum(eval_counts.values())
+    if not eval_total:
+        return float("nan")
+    log_likelihood = sum(
+        count * math.log((train_counts.get(token, 0.0) + 1.0) / (train_total + vocab_size))
+        for token, count in eval_counts.items()
+    )
+    return math.exp(-log_likelihood / eval_total)
 
 
 def packing_rule(cfg, target, manifest):

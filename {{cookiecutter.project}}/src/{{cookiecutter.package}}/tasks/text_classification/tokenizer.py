@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ...core import example_proto
 from .config import TRUNCATIONS
 from ..text.tokenizer import (
     MODEL_FILE,
@@ -92,19 +93,16 @@ def pad_batch(sequences: Sequence[Sequence[int]], seq_len: int, truncation: str 
 def serialize(ids: Sequence[int], label: int, document: Sequence[int] | None = None) -> bytes:
     """One example: `ids` (the window, at most seq_len, unpadded), `label`, and the bag of every
     piece of `document`, the whole text (default: `ids`)."""
-    from tensorflow.core.example import example_pb2, feature_pb2  # protos only: cheap on Beam workers
-
     pieces, counts = np.unique(np.asarray(ids if document is None else document, np.int64), return_counts=True)
-    features = feature_pb2.Features(
-        feature={
-            "ids": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(i) for i in ids])),
-            "label": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(label)])),
-            "bag_ids": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=pieces.tolist())),
-            "bag_counts": feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=counts.tolist())),
+    # Written without TensorFlow: Beam's workers never import it.
+    return example_proto.example(
+        {
+            "ids": example_proto.int64_feature(ids),
+            "label": example_proto.int64_feature([int(label)]),
+            "bag_ids": example_proto.int64_feature(pieces.tolist()),
+            "bag_counts": example_proto.int64_feature(counts.tolist()),
         }
     )
-    # deterministic: map fields are otherwise written in an order that differs between processes.
-    return example_pb2.Example(features=features).SerializeToString(deterministic=True)
 
 
 def parse_batch(serialized, seq_len: int):
