@@ -41,7 +41,7 @@ class LanguageModelTask(Task):
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text`"}
     headline_metric = "perplexity"
     higher_is_better = False
-    # `make bench-preprocess` on a 2-core Intel Xeon: worker processes overtook the in-process runner
+    # `make bench-preprocess` on a 2-core AMD EPYC (AVX2): worker processes overtook the in-process runner
     # between 1.3 MB and 6.6 MB of raw text (about 4.2 MB); at 30 MB, 1.08x the plain loop's speed.
     multi_process_from_bytes = 5_000_000
 

@@ -32,7 +32,7 @@ class TextClassificationTask(ClassificationTask):
     model_config = ClassifierModelConfig
     raw_format = 'RAW/<label>/<name>.txt (one UTF-8 text per file) or RAW/*.jsonl (lines of {"text": .., "label": ..})'
     reject_reasons = {**raw.REJECT_REASONS, "missing_field": "a JSON Lines object without a string `text` or `label`"}
-    # `make bench-preprocess` on a 2-core Intel Xeon: worker processes overtook the in-process runner
+    # `make bench-preprocess` on a 2-core AMD EPYC (AVX2): worker processes overtook the in-process runner
     # between 0.9 MB and 5.5 MB of raw text; at 26 MB, 1.33x its speed (0.82x the plain loop's).
     multi_process_from_bytes = 5_000_000
 
