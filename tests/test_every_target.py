@@ -75,7 +75,7 @@ TARGETS: dict[str, dict] = {
     "bench-memory": {"after": (f"ARGS={SMALL_ARGS} --batches 4,32 --steps 2",)},
     "bench-spe": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # candidates up to train.log_every
     "bench-startup": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},  # three runs of one log interval or two
-    "bench-preprocess": {"before": (), "after": ("BENCH_ARGS=--min_files=60 --repeats=1 --workers=2",)},
+    "bench-preprocess": {"before": (), "after": ("BENCH_ARGS=--min_files=60 --repeats=1 --workers=2 --sizes=sample",)},
     "doctor": {"before": (), "after": (f"ARGS={SMALL_ARGS}",)},
     # 1 device against 2 replicas of 4 examples: per-replica batch statistics differ at once.
     "parity": {"before": (), "after": (f"ARGS={SMALL_ARGS} train.global_batch_size=8", "PARITY_STEPS=3")},

@@ -659,15 +659,22 @@ def test_the_local_runner_follows_the_input_size_and_the_options_given(raw_dir):
     assert choose(raw_dir, None)[0] == ["--runner=FnApiRunner"]
     assert "names no input size from which worker processes pay back" in choose(raw_dir, None)[1]
     for given, shown in (
-        (["--direct_num_workers=1"], "--direct_num_workers=1"),
         (["--runner", "FnApiRunner", "--num_workers=3"], "--runner FnApiRunner"),
+        (["--runner=DataflowRunner", "--project=p"], "--runner=DataflowRunner"),
+    ):
+        assert choose(raw_dir, 1, given) == (given, f"runner: as given ({shown})")
+    # Without a --runner, still the FnApiRunner: Beam's default may download a runner (Prism).
+    for given, shown in (
+        (["--direct_num_workers=1"], "--direct_num_workers=1"),
         (
             ["--direct_running_mode=multi_threading", "--direct_num_workers", "4"],
             "--direct_running_mode=multi_threading --direct_num_workers 4",
         ),
-        (["--runner=DataflowRunner", "--project=p"], "--runner=DataflowRunner"),
     ):
-        assert choose(raw_dir, 1, given) == (given, f"runner: as given ({shown})")
+        assert choose(raw_dir, 1, given) == (
+            [*given, "--runner=FnApiRunner"],
+            f"runner: FnApiRunner, options as given ({shown})",
+        )
 
 
 def test_preprocessing_picks_worker_processes_from_the_tasks_size_unless_told(
@@ -699,7 +706,7 @@ def test_preprocessing_picks_worker_processes_from_the_tasks_size_unless_told(
 
     given = ["--direct_num_workers=1"]
     assert preprocess.main(["--input", str(raw_dir), "--output", str(tmp_path / "given"), *ARGS, *given]) == 0
-    assert "runner: as given (--direct_num_workers=1)" in capsys.readouterr().out
+    assert "runner: FnApiRunner, options as given (--direct_num_workers=1)" in capsys.readouterr().out
     assert shard_bytes(tmp_path / "given") == shard_bytes(reference[0])
 
 

@@ -299,9 +299,11 @@ def measure(label: str, input_root: str, scratch: Path, task, common: tuple, wor
         for name in best
         if name != "plain"
     )
+    same = figures.get("multi_identical_shards", True)
+    shards = "identical shards" if same else "the worker processes wrote other shards"
     print(
         f"{label}: {records['plain']:,} records, {size}; best of {max(1, repeats)}: plain loop "
-        f"{figures['plain_records_per_s']:,.0f} records/s; {beam} the plain loop; identical shards; "
+        f"{figures['plain_records_per_s']:,.0f} records/s; {beam} the plain loop; {shards}; "
         f"faster: {faster}; make preprocess picks {picks}",
         flush=True,
     )

@@ -4,7 +4,8 @@
     python -m {{ cookiecutter.package }}.preprocess --input gs://BUCKET/raw --output gs://BUCKET/tfrecords \\
         --runner DataflowRunner --project P --region R --temp_location gs://BUCKET/tmp ...
 
-Without --runner the job runs in-process on the FnApiRunner. `--dry_run=True` with the
+Without --runner the job runs on the FnApiRunner, in this process or in worker processes as the
+input's size decides (`preprocessing.choose_local_runner`). `--dry_run=True` with the
 DataflowRunner builds the Dataflow job (and stages nothing), prints its options and steps, and
 submits nothing: `make preprocess RUNNER=dataflow DRY_RUN=1`.
 """

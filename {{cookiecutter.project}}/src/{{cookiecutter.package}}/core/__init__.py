@@ -4,6 +4,7 @@ other, never a room below (tests/test_layout.py holds the arrows one way, readin
 plumbing
     errors, native_logs    one-line user errors; TensorFlow's C++ log filter
     keras, gcp             the one Keras import; Cloud Storage credentials
+    example_proto          tf.train.Example records without importing TensorFlow (Beam's workers)
 contract
     config                 typed config: a base YAML + deltas + dotted.key=value overrides
     task                   the contract a task implements (tasks/ holds them)

@@ -602,14 +602,20 @@ def choose_local_runner(
     the task's code, and every element crosses the runner's process between stages: they pay back
     only above a size of input, which depends on the work per byte of the task. The task says from
     which size (`multi_process_from_bytes`, measured with `make bench-preprocess`); without one, or
-    with one CPU, the job runs in this process. Runner options the user gave win."""
+    with one CPU, the job runs in this process. Runner options the user gave win, on the FnApiRunner
+    unless they name a --runner (Beam's default runner may download one: see `run`)."""
     given = given_runner_options(beam_args)
     if given:
-        return list(beam_args), f"runner: as given ({' '.join(given)})"
-    cpus = cpus or usable_cpus()
+        if any(arg.split("=", 1)[0] == "--runner" for arg in beam_args):
+            return list(beam_args), f"runner: as given ({' '.join(given)})"
+        return [*beam_args, "--runner=FnApiRunner"], f"runner: FnApiRunner, options as given ({' '.join(given)})"
     threshold = task.multi_process_from_bytes
+    if threshold is None:
+        why = f"task {task.name} names no input size from which worker processes pay back their start"
+        return [*beam_args, "--runner=FnApiRunner"], f"runner: FnApiRunner in this process: {why}"
+    cpus = cpus or usable_cpus()
     size = input_size(input_root, listing)
-    if threshold is not None and cpus >= 2 and size.bytes >= threshold:
+    if cpus >= 2 and size.bytes >= threshold:
         workers = min(cpus, MAX_LOCAL_WORKERS)
         return [
             *beam_args,
@@ -620,9 +626,7 @@ def choose_local_runner(
             f"runner: FnApiRunner, {workers} worker processes: the input, {size}, is at least the "
             f"{megabytes(threshold)} from which worker processes pay back their start for task {task.name}"
         )
-    if threshold is None:
-        why = f"task {task.name} names no input size from which worker processes pay back their start"
-    elif cpus < 2:
+    if cpus < 2:
         why = f"the input is {size}, on 1 CPU"
     else:
         why = (
@@ -650,8 +654,9 @@ def run(
     as `choose_local_runner` decides from the input's size. (Beam's default, the DirectRunner, may
     hand the job to the Prism runner, which downloads a binary from GitHub on first use: that fails
     offline and on locked-down TPU VMs. The FnApiRunner has nothing to download.)"""
-    choose = not given_runner_options(beam_args)
-    options = PipelineOptions([*beam_args, "--runner=FnApiRunner"] if choose else beam_args)
+    # Without a --runner the FnApiRunner (which of its modes: decided below, once RAW is listed).
+    named = any(arg.split("=", 1)[0] == "--runner" for arg in beam_args)
+    options = PipelineOptions(beam_args if named else [*beam_args, "--runner=FnApiRunner"])
     check_dataflow_paths(options, input_root, output)
     # Beam parses --dry_run as a string: "False" must not count.
     dry_run = str(options.get_all_options().get("dry_run")).lower() in ("true", "1", "yes")
@@ -669,11 +674,8 @@ def run(
 
     started = time.perf_counter()
     listing = task.list_raw(input_root)
-    if choose:
-        beam_args, runner = choose_local_runner(task, input_root, listing, beam_args)
-        options = PipelineOptions(beam_args)
-    else:
-        runner = f"runner: as given ({' '.join(given_runner_options(beam_args))})"
+    beam_args, runner = choose_local_runner(task, input_root, listing, beam_args)
+    options = PipelineOptions(beam_args)
     pipeline = beam.Pipeline(options=options)
     plan = build_pipeline(pipeline, input_root, output, task, data, reading_hosts, num_shards, compression, listing)
     # The folders are the ones passed (--input, --output), which may not be the config's data.raw and data.dir.

@@ -13,7 +13,7 @@ where the data is when they run, in that order; * marks the required ones (abstr
     config       name*, data_config*, model_config*, objective_config, predict_config
     raw input    raw_format*, list_raw*, read_raw*, reject_reasons
     encoding     fit_encoding, encoding_sample_size, needs_encoding_fit, vocabularies, encode*, pack,
-                 bytes_per_example*, feature_spec*, manifest_fields
+                 bytes_per_example*, multi_process_from_bytes, feature_spec*, manifest_fields
     input        check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model        build_model*, output_layers
     objective    build_loss*, build_step_loss, loss_terms, build_metrics, split_metric_names,
