@@ -775,6 +775,37 @@ def with_random_draws() -> list[str]:
     ]
 
 
+def test_the_random_generators_leave_the_initial_weights_as_the_task_builds_them(strategy, float32_policy):
+    """build_model gives every random layer a checkpointed generator without moving an initializer's
+    seed: under the same global seed its initial weights are bit for bit those of the task's own
+    network, with dropout between the layers (making the generators while the network was built took
+    a seed from the initializers' sequence at each random layer, and the language model's recipe on
+    real data, tuned on the old draws, learned less from step 370 on)."""
+    import types
+
+    from {{ cookiecutter.package }}.core import config, model as model_lib
+    from {{ cookiecutter.package }}.core.keras import keras
+
+    def network(model_config, manifest):
+        inputs = keras.Input((16,))
+        x = keras.layers.Dense(32, name="first")(inputs)
+        x = keras.layers.Dropout(0.0, name="drop")(x)  # rate 0, as the language model's real-data recipe has
+        x = keras.layers.Dense(32, name="second")(keras.layers.GaussianNoise(0.1, name="noise")(x))
+        return keras.Model(inputs, keras.layers.Dense(4, name="third")(keras.layers.Dropout(0.1, name="drop2")(x)))
+
+    task = types.SimpleNamespace(build_model=network, build_step_loss=lambda objective_config, manifest: None)
+    cfg = config.load(None, [], registry=tasks)
+    with strategy.scope():
+        keras.utils.set_random_seed(3)
+        bare = network(cfg.model, {})
+        keras.utils.set_random_seed(3)
+        built = model_lib.build_model(cfg, task, {})
+    assert len(built.random_generators) == 3  # the two Dropout layers and the noise: all checkpointed
+    assert [weight.name for weight in built.weights] == [weight.name for weight in bare.weights]
+    for ours, theirs in zip(built.get_weights(), bare.get_weights()):
+        np.testing.assert_array_equal(ours, theirs)
+
+
 def test_dropout_masks_resume_from_the_checkpoint(strategy, tmp_path, float32_policy):
     """The layers that draw random numbers in training (Keras' Dropout and GaussianNoise, a recomputed
     block's Dropout) draw them from generators that build_model puts in the model's checkpoint, not

@@ -11,6 +11,11 @@ that `build_model` adds to the model's checkpoint (`random_generators`; not amon
 resumed from a checkpoint draws the masks the uninterrupted run drew from that step on. Under a
 distribution strategy each replica draws its own numbers (the generator folds the replica's id into
 its key): a function of the seed (`runtime.seed`), the replica and the step alone.
+
+The generators are made once the task's network is built, so they draw nothing from the seeds its
+initializers take: the initial weights are those the task's `build_model` makes under the seed, as
+if no generator existed (making them during the build shifted every initializer after the first
+random layer onto another seed, and with it the figures a recipe was tuned to).
 """
 
 from __future__ import annotations
@@ -134,9 +139,6 @@ def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
     """`task`'s network for the data described by `manifest`, its layers' random generators in its
     checkpoint (`track_random_generators`). With `train.gradient_accumulation_steps` > 1 or a task's
     step loss, the same layers in a TaskModel (same weights, same checkpoints, same serving)."""
-    # Before any layer is made: Keras' random layers then draw from a tf.random.Generator each,
-    # whose state can be saved (by default they run stateful ops, whose state no checkpoint holds).
-    keras.backend.experimental.enable_tf_random_generator()
     model = task.build_model(cfg.model, manifest)
     step_loss = task.build_step_loss(cfg.objective, manifest)
     if cfg.train.gradient_accumulation_steps > 1 or step_loss is not None:
@@ -150,16 +152,20 @@ def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
 
 def random_generators(model: keras.Model) -> list[tf.random.Generator]:
     """The tf.random.Generator of every layer of `model` (nested ones included) that draws random
-    numbers through Keras' RandomGenerator, made now if the layer has not made it yet, in the
-    layers' order."""
+    numbers through Keras' RandomGenerator, in the layers' order. A layer that would run stateful ops
+    (Keras' default, whose state no checkpoint holds) is given a generator now, seeded as Keras seeds
+    one (the layer's own seed, else the next of the global seed's draws); call it once the network is
+    built, under the strategy's scope, so that no initializer's seed moves."""
     generators = []
     for layer in model._flatten_layers():
         random = getattr(layer, "_random_generator", None)  # Keras' (private) backend.RandomGenerator
         if random is None or not hasattr(random, "_maybe_init"):
             continue
-        random._maybe_init()  # under the strategy's scope, as build_model is called
+        if getattr(random, "_generator", None) is None and random._rng_type != random.RNG_STATELESS:
+            random._rng_type, random._built = random.RNG_STATEFUL, False  # made again as a generator
+        random._maybe_init()
         generator = getattr(random, "_generator", None)
-        if generator is not None:  # None: a layer made before enable_tf_random_generator, which runs stateful ops
+        if generator is not None:  # None: a stateless layer (a function of its seed alone)
             generators.append(generator)
     return generators
 
