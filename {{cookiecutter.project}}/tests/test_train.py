@@ -779,8 +779,8 @@ def test_the_random_generators_leave_the_initial_weights_as_the_task_builds_them
     """build_model gives every random layer a checkpointed generator without moving an initializer's
     seed: under the same global seed its initial weights are bit for bit those of the task's own
     network, with dropout between the layers (making the generators while the network was built took
-    a seed from the initializers' sequence at each random layer, and the language model's recipe on
-    real data, tuned on the old draws, learned less from step 370 on)."""
+    a seed from the initializers' sequence at each random layer: every later weight was drawn from
+    another seed, and a recipe tuned on the old draws learned less on real data)."""
     import types
 
     from {{ cookiecutter.package }}.core import config, model as model_lib
@@ -789,7 +789,7 @@ def test_the_random_generators_leave_the_initial_weights_as_the_task_builds_them
     def network(model_config, manifest):
         inputs = keras.Input((16,))
         x = keras.layers.Dense(32, name="first")(inputs)
-        x = keras.layers.Dropout(0.0, name="drop")(x)  # rate 0, as the language model's real-data recipe has
+        x = keras.layers.Dropout(0.0, name="drop")(x)  # rate 0: it still builds a random layer
         x = keras.layers.Dense(32, name="second")(keras.layers.GaussianNoise(0.1, name="noise")(x))
         return keras.Model(inputs, keras.layers.Dense(4, name="third")(keras.layers.Dropout(0.1, name="drop2")(x)))
 
