@@ -34,8 +34,8 @@ class DualEncoder(NewTask):
     higher_is_better = True
     loss_terms = ("positive_similarity",)
 
-    def parse_batch(self, serialized, manifest: dict, training: bool = False, seed=None):
-        features, target = super().parse_batch(serialized, manifest, training, seed)
+    def parse_batch(self, serialized, manifest: dict, training: bool = False, seed=None, data_config=None):
+        features, target = super().parse_batch(serialized, manifest, training, seed, data_config)
         return {"features": features, "target": target}, target
 
     def synthetic_batch(self, batch_size: int, manifest: dict):

@@ -381,6 +381,15 @@ def test_a_new_task_needs_no_edit_outside_its_package(set_up_project, tmp_path):
     assert metrics["mae"] < 0.25 * baseline, (metrics["mae"], baseline)
     (mae,) = re.findall(r"eval mae ([0-9.]+)", make(project, "eval", config))
     assert float(mae) == pytest.approx(metrics["mae"], abs=1e-4)
+    # A data key that parse_batch reads at run time (data.feature_noise): the next train takes a new
+    # value from the config, on the same shards, without preprocessing again. Noise of one standard
+    # deviation on every feature blurs what the model sees: its eval error grows.
+    manifest = project / f"data/{name}/tfrecords/manifest.json"
+    written = manifest.stat().st_mtime_ns
+    make(project, "train", config, f"ARGS=data.feature_noise=1.0 runtime.output_dir=runs/{name}/noisy")
+    noisy = json.loads((project / f"runs/{name}/noisy/metrics.json").read_text())
+    assert manifest.stat().st_mtime_ns == written
+    assert noisy["mae"] > 1.5 * metrics["mae"], (noisy["mae"], metrics["mae"])
     features = tmp_path / "features.csv"
     features.write_text("x0,x1,x2,x3,x4,x5,x6,x7\n" + ",".join(["0"] * 8) + "\n" + ",".join(["1"] * 8) + "\n")
     predicted = [line.split("\t") for line in make(project, "predict", config, f"INPUT={features}").splitlines()

@@ -164,7 +164,10 @@ def test_the_bigram_baseline_against_a_hand_count():
       2->2: 2/4 * 0 + 2/4 * 3/9 = 1/6   (never seen after 2)
       3->1: context 3 never seen: the unigram's 2/9
     bigram perplexity exp(-(ln 8/15 + ln 1/6 + ln 2/9) / 3); unigram exp(-(ln 3/9 + ln 3/9 + ln 2/9) / 3).
-    The padding (target 0) counts for neither."""
+    Accuracy, each model's likeliest next token against the target: the unigram's is 2 (tied with 3
+    at 3/9, the lower id), right for 2 of 3; the bigram's after 1 is 2 (8/15 against 3's 5/15, right),
+    after 2 is 3 (15/36, against 1's 13/36 and the unseen 2's 6/36: wrong), after the unseen 3 the
+    unigram's 2 (wrong): 1 of 3. The padding (target 0) counts for neither."""
     import math
 
     import pytest
@@ -179,7 +182,9 @@ def test_the_bigram_baseline_against_a_hand_count():
     found = ngram_baselines(iter(train), iter(evaluation), 4)
     bigram = math.exp(-(math.log(8 / 15) + math.log(1 / 6) + math.log(2 / 9)) / 3)
     unigram = math.exp(-(2 * math.log(3 / 9) + math.log(2 / 9)) / 3)
-    assert found == pytest.approx({"unigram": unigram, "bigram": bigram}, rel=1e-9)
+    assert found["unigram"]["perplexity"] == pytest.approx(unigram, rel=1e-9)
+    assert found["bigram"]["perplexity"] == pytest.approx(bigram, rel=1e-9)
+    assert found["unigram"]["accuracy"] == pytest.approx(2 / 3) and found["bigram"]["accuracy"] == pytest.approx(1 / 3)
 
 
 {%- endif %}

@@ -153,6 +153,13 @@ def test_a_run_reports_its_baselines_beside_its_evaluation(contract_run):
     first = next(iter(found["scores"]))
     assert f"; baselines: {first} {found['scores'][first]:.4f}" in line
     assert line.endswith("(beaten)" if beaten else "(NOT beaten: see make doctor)")
+    # The baselines in the task's other metrics, where it scores them (a token task's accuracy), beside
+    # the model's own figure in metrics.json and in the line.
+    others = found.get("other_metrics", {})
+    assert written.get("baselines_other_metrics", {}) == others
+    for metric, scores in others.items():
+        assert metric in written and metric != task.headline_metric
+        assert f"; {metric}: " + ", ".join(f"{name} {value:.4f}" for name, value in scores.items()) in line
 
 
 def test_evaluation_counts_every_eval_example_once(contract_run):
@@ -491,17 +498,34 @@ TASK = WithoutSeed()
 
 
 def test_a_parse_batch_without_the_seed_fails_at_load_in_one_line(tmp_path, monkeypatch):
-    """A task whose parse_batch takes no `seed` (written before the train input passed each batch its
-    random key) would fail at the first batch, inside tf.data: loading it is one UserError naming the
-    member, what it must look like and the task's file. One that takes **kwargs is not refused."""
+    """A task whose parse_batch takes no `seed` and no `data_config` (written before the train input
+    passed each batch its random key and the run's data section) would fail at the first batch, inside
+    tf.data: loading it is one UserError naming the member, the parameters it lacks, what it must look
+    like and the task's file; one that lacks only `data_config` is named for that one. One that takes
+    **kwargs is not refused."""
     package = task_package(tmp_path, monkeypatch, "without_seed", WITHOUT_SEED)
     with pytest.raises(UserError) as raised:
         tasks.load("without_seed")
+    looks = (
+        "passes it: make it parse_batch(serialized, manifest, training=False, seed=None, data_config=None), drawing "
+        "any augmentation from seed with tf.random.stateless_* ops and reading the run's data keys from "
+        f"data_config; see Task in src/{tasks.__name__.split('.')[0]}/core/task.py for what each must return"
+    )
     assert str(raised.value) == (
-        f"task 'without_seed' ({package / 'task.py'}) defines parse_batch without the seed parameter the core "
-        "passes it: make it parse_batch(serialized, manifest, training=False, seed=None), drawing any "
-        f"augmentation from seed with tf.random.stateless_* ops; see Task in "
-        f"src/{tasks.__name__.split('.')[0]}/core/task.py for what each must return"
+        f"task 'without_seed' ({package / 'task.py'}) defines parse_batch without the seed and data_config "
+        f"parameters the core {looks}"
+    )
+    package = task_package(
+        tmp_path,
+        monkeypatch,
+        "without_config",
+        WITHOUT_SEED.replace("training=False)", "training=False, seed=None)").replace("without_seed", "without_config"),
+    )
+    with pytest.raises(UserError) as raised:
+        tasks.load("without_config")
+    assert str(raised.value) == (
+        f"task 'without_config' ({package / 'task.py'}) defines parse_batch without the data_config parameter the "
+        f"core {looks}"
     )
     with_options = type("WithOptions", (Task,), {"parse_batch": lambda self, serialized, manifest, **options: None})
     with pytest.raises(task_lib.IncompleteTask) as incomplete:  # the members it lacks, nothing else

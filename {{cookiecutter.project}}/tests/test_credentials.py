@@ -64,15 +64,42 @@ def test_the_training_image_uses_the_metadata_servers_credentials(no_credentials
         (preprocess.main, ["--input", str(PROJECT), "--output", f"{BUCKET}/tfrecords"], ["--output"]),
         (train.main, ["--config", LOCAL, f"data.dir={BUCKET}/tfrecords"], ["data.dir=gs://my-tpu-bucket"]),
         (evaluate.main, ["--config", LOCAL, f"runtime.output_dir={BUCKET}/runs/a"], ["runtime.output_dir"]),
-        (doctor.main, ["--config", LOCAL, f"data.dir={BUCKET}/tfrecords"], ["data.dir"]),
         (predict.main, ["--run", f"{BUCKET}/runs/a", "x"], ["--run=gs://my-tpu-bucket/runs/a"]),
     ],
-    ids=["preprocess", "train", "evaluate", "doctor", "predict"],
+    ids=["preprocess", "train", "evaluate", "predict"],
 )
 def test_each_entry_point_refuses_gs_paths_without_credentials(no_credentials, main, argv, names):
     with pytest.raises(UserError) as raised:
         main(argv)
     assert_one_line_about(str(raised.value), *names)
+
+
+def test_the_doctor_plans_the_tpu_config_without_credentials(no_credentials, capsys):
+    """`make doctor CONFIG=configs/tpu.yaml` on a laptop: the gs:// paths are one WARN with the fix,
+    the rules that would read them skip, and the plan runs: the memory plan of the TPU chip, the
+    FLOPs of a step, the batch rules, the support matrix. No FAIL, no traceback."""
+    status = doctor.main(["--config", str(PROJECT / "configs/tpu.yaml"), f"data.dir={BUCKET}/tfrecords"])
+    lines = {
+        line.split()[1]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line[:4] in ("PASS", "WARN", "FAIL", "SKIP")
+    }
+    assert status == 0, lines
+    credentials = lines["data.credentials"]
+    assert credentials.startswith("WARN") and "needs Google Cloud credentials" in credentials, credentials
+    assert (
+        "gcloud auth application-default login" in credentials
+        and "data.dir=gs://my-tpu-bucket/tfrecords" in credentials
+    )
+    assert (
+        lines["data.manifest"].startswith("SKIP") and "not read, no Google Cloud credentials" in lines["data.manifest"]
+    )
+    for skipped in ("input.static_shapes", "data.shard_count", "data.shard_size"):
+        assert lines[skipped].startswith("SKIP"), lines[skipped]
+    assert lines["model.memory"][:4] in ("PASS", "WARN") and "HBM per v4 chip" in lines["model.memory"], lines
+    assert lines["model.flops"].startswith("PASS") and "GFLOP per optimizer step" in lines["model.flops"], lines
+    assert "ms a step at 275 TFLOP/s per chip x 4 chips" in lines["model.flops"], lines["model.flops"]
+    assert lines["batch.divisible"].startswith("PASS") and lines["tpu.support"][:4] in ("PASS", "WARN")
 
 
 def test_local_paths_need_no_credentials(no_credentials):

@@ -211,6 +211,46 @@ def test_float32_on_a_tpu_warns(data_dir, tmp_path):
     assert rule.status == engine.WARN and rule.fix == "runtime.mixed_precision=bfloat16"
 
 
+def test_the_flops_rule_gives_the_training_logs_count_and_the_time_at_the_chips_peak(data_dir, tmp_path):
+    """model.flops on a TPU target (the project's v4-8: 4 chips of 275 TFLOP/s bfloat16): the FLOPs
+    that the training log divides (utilisation.step_flops of the model as training builds it, counted
+    from its own trace, not the plan's), and the time they take at the 4 chips' peak; with gradient
+    accumulation of 2, twice the examples of an update and twice the FLOPs."""
+    import re
+
+    from {{ cookiecutter.package }}.core import input_pipeline, utilisation
+    from {{ cookiecutter.package }}.core.model import build_model
+
+    def rule_figures(*overrides: str) -> tuple[float, int, float]:
+        rule = check(data_dir, *overrides, tmp_path=tmp_path, target="tpu")["model.flops"]
+        found = re.fullmatch(
+            r"([0-9.,]+) GFLOP per optimizer step \(3 x the forward pass's matrix multiplies of (\d+) examples; not "
+            r"counted: .*\): at least ([0-9.,]+) ms a step at 275 TFLOP/s per chip x 4 chips \(v4 bfloat16 peak .*\), "
+            r"the time at 100% MFU",
+            rule.message,
+        )
+        assert rule.status == engine.PASS and found, rule
+        number = lambda text: float(text.replace(",", ""))  # noqa: E731
+        return number(found[1]) * 1e9, int(found[2]), number(found[3]) / 1e3
+
+    def training_count(*overrides: str) -> float:
+        base = [f"data.dir={data_dir}", *DATA_OVERRIDES, f"runtime.cpu_devices={REPLICAS}", *overrides]
+        cfg = config.load(str(CONFIGS / "local.yaml"), base, registry=tasks)
+        task, target = tasks.load(tasks.DEFAULT), engine.resolve_target(cfg, target="tpu")
+        model = build_model(cfg, task, input_pipeline.read_manifest(str(data_dir), task, cfg.data))
+        flops, unknown = utilisation.step_flops(model, cfg, target)
+        assert not unknown
+        return flops
+
+    flops, examples, seconds = rule_figures()
+    expected = training_count()
+    assert flops == pytest.approx(expected, rel=2e-3)
+    assert seconds == pytest.approx(expected / (4 * 275e12), rel=2e-3)
+    accumulated, twice, _ = rule_figures("train.gradient_accumulation_steps=2")
+    assert twice == 2 * examples and accumulated == pytest.approx(2 * flops, rel=2e-3)
+    assert accumulated == pytest.approx(training_count("train.gradient_accumulation_steps=2"), rel=2e-3)
+
+
 def test_the_host_cpus_bfloat16_is_reported_with_the_local_config(data_dir, tmp_path, monkeypatch):
     from {{ cookiecutter.package }}.core import precision
 

@@ -475,7 +475,7 @@ def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(da
 class Numbered:
     """A task whose records are their own numbers: what a replica is fed shows which records it read."""
 
-    def parse_batch(self, batch, manifest, training=False, seed=None):
+    def parse_batch(self, batch, manifest, training=False, seed=None, data_config=None):
         return tf.strings.to_number(batch, tf.int64), tf.zeros_like(batch, tf.int64)
 
 

@@ -3,6 +3,8 @@ two-tower models on random pairs, the suite's 8-replica strategy against one CPU
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,7 +13,7 @@ from conftest import assert_same_updates
 
 from {{ cookiecutter.package }} import parity
 from {{ cookiecutter.package }}.core.keras import keras
-from {{ cookiecutter.package }}.core.model import TaskModel, gather, replica_offset
+from {{ cookiecutter.package }}.core.model import TaskModel, gather, global_mean, replica_offset
 
 BATCH, STEPS = 64, 3
 
@@ -222,3 +224,124 @@ def test_a_step_loss_with_gradient_accumulation_applies_the_mean_of_the_micro_ba
         initial,
         terms=BATCH,
     )
+
+
+def counted_loss(global_batch: bool):
+    """Each pair's 4-way cross-entropy (of both towers' first 4 outputs) weighted by a count near 1
+    (1 +- 1%, from its features, as a masked language model counts its masked tokens); the weighted
+    sum divided by this replica's own total (each replica's mean), or by the global batch's
+    (`global_mean`)."""
+
+    def step_loss(model, features, targets, outputs, weights):
+        logits = outputs["query"][:, :4] + outputs["document"][:, :4]
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(targets, tf.int32), logits)
+        counts = 1.0 + 0.01 * tf.sin(1000.0 * features["query"][:, 0])
+        if weights is not None:
+            counts *= tf.cast(weights, tf.float32)
+        if global_batch:
+            loss = global_mean(losses, counts)
+        else:
+            loss = tf.reduce_sum(losses * counts) / tf.reduce_sum(counts)
+        return {"loss": loss, "mean_logit": tf.reduce_mean(outputs["query"])}
+
+    return step_loss
+
+
+def largest_difference(curves: parity.Curves) -> float:
+    return max(curves.relative(a, b) for a, b in zip(curves.one_device, curves.replicated))
+
+
+def test_a_mean_over_each_replicas_own_count_parts_below_1e_3_and_names_the_step_loss(strategy, batches):
+    """The curves differ by less than a fixed 1e-3 would see, and by far more than summation order
+    explains: no agreement; the step loss is named, with the global-batch mean."""
+    keras.utils.set_random_seed(0)  # the initial weights: the difference is 2.6e-4 to 2.8e-4 over seeds
+    curves = parity.compare(two_tower(counted_loss(global_batch=False)), batches, one_device(), strategy)
+    assert curves.tolerance is None and not curves.draws_random_numbers
+    worst = largest_difference(curves)
+    assert worst < 1e-3  # a fixed tolerance of 1e-3 agreed here
+    assert worst > 10 * curves.bound > 0, curves
+    assert curves.parting_step == 0  # each replica's mean is another number from the first batch on
+    (cause,) = curves.causes()
+    assert cause.startswith("per-replica batch-level loss")
+    assert "the task's step loss (build_step_loss) is the likeliest cause" in cause
+    assert "core.model.global_mean(values, weights)" in cause
+    lines = parity.report(curves, None, None, "float32")
+    verdict = next(line for line in lines if line.startswith("verdict:"))
+    first = curves.relative(curves.one_device[0], curves.replicated[0])
+    assert verdict.startswith(f"verdict: the curves part at step 0 (difference {first:.1e}, beyond bound ")
+    assert f"reversed move the loss by up to {curves.order:.1e}" in verdict
+
+    # --tolerance 1e-3, given: the verdict follows it, and says where it came from.
+    given = dataclasses.replace(curves, tolerance=1e-3)
+    assert given.parting_step is None and given.causes() == []
+    verdict = next(line for line in parity.report(given, None, None, "float32") if line.startswith("verdict:"))
+    assert verdict.startswith("verdict: agree: 8 replicas train as one device does (largest difference")
+    assert "tolerance 0.001, given with --tolerance" in verdict
+
+
+def test_the_global_batch_mean_agrees_and_has_the_one_device_gradient(strategy, batches):
+    make = two_tower(counted_loss(global_batch=True))
+    curves = parity.compare(make, batches, one_device(), strategy)
+    assert curves.parting_step is None and curves.causes() == [], curves
+    assert largest_difference(curves) <= curves.bound
+    assert curves.one_device[-1] < curves.one_device[0]  # it trained
+    verdict = next(line for line in parity.report(curves, None, None, "float32") if line.startswith("verdict:"))
+    assert verdict.startswith("verdict: agree") and "reversed move the loss by up to" in verdict
+    updates = []
+    for side in (one_device(), strategy):
+        _, _, model = parity.train_curve(make, side, curves.initial, batches[:1])
+        updates.append([after - before for after, before in zip(model.get_weights(), curves.initial)])
+    assert_same_updates(*updates, curves.initial, terms=BATCH)
+    assert min(np.abs(update).max() for update in updates[0]) > 1e-4  # every weight moved
+
+
+def test_the_global_batch_mean_is_reported_per_counted_value_over_the_real_examples(strategy):
+    """Evaluation on 8 replicas, 2 examples each per batch, padding weighted 0: the reported loss is
+    sum(values x counts) / sum(counts) over the real examples of every batch (a token loss's
+    ln(perplexity)), not a mean of the replicas' or the batches' means."""
+
+    def step_loss(model, features, targets, outputs, weights):
+        values = tf.reduce_mean(features["query"], axis=1)
+        counts = features["document"][:, 0] * tf.cast(weights, tf.float32)
+        return {"loss": global_mean(values, counts), "mean_logit": tf.constant(1.0)}
+
+    with strategy.scope():
+        model = two_tower(step_loss)()
+    rng = np.random.default_rng(1)
+    values = rng.uniform(0, 10, 32).astype("float32")
+    counts = rng.integers(0, 4, 32).astype("float32")  # some examples count nothing
+    weights = np.array([1.0] * 24 + [0.0] * 8, "float32")  # the last 8: padding
+    features = {"query": np.repeat(values[:, None], 8, axis=1), "document": np.repeat(counts[:, None], 8, axis=1)}
+    results = model.evaluate(
+        features, np.zeros(32, "int32"), sample_weight=weights, batch_size=16, verbose=0, return_dict=True
+    )
+    expected = float((values * counts * weights).sum() / (counts * weights).sum())
+    assert results["loss"] == pytest.approx(expected, rel=1e-6)
+    by_example = float((values * weights).sum() / weights.sum())
+    assert abs(by_example - expected) > 0.1  # the mean by examples is another number
+
+
+def test_the_bound_is_what_summation_order_explains_unless_a_tolerance_is_given():
+    """ORDER_FACTOR x the reversed batches' largest difference, at least ROUNDING; a difference above it
+    parts the curves at that step, one below it agrees; --tolerance replaces it."""
+    base = [2.0, 1.9, 1.8]
+
+    def curves(replicated: float, reordered: float, tolerance=None) -> parity.Curves:
+        moved = lambda by: [value * (1 + by) for value in base]  # noqa: E731
+        return parity.Curves(
+            8, base, [base[0], *moved(replicated)[1:]], 2.0, 2.0, tolerance, replayed=base, reordered=moved(reordered)
+        )
+
+    assert parity.ORDER_FACTOR * 1e-6 > parity.ROUNDING
+    assert curves(0, 1e-6).order == pytest.approx(1e-6, rel=1e-3)
+    assert curves(0, 1e-6).bound == pytest.approx(parity.ORDER_FACTOR * 1e-6, rel=1e-3)
+    assert curves(0.95 * parity.ORDER_FACTOR * 1e-6, 1e-6).parting_step is None
+    assert curves(1.05 * parity.ORDER_FACTOR * 1e-6, 1e-6).parting_step == 1
+    # Order that moves nothing: the bound is float32 rounding.
+    assert curves(0, 0).bound == parity.ROUNDING
+    assert curves(0.9 * parity.ROUNDING, 0).parting_step is None
+    assert curves(1.1 * parity.ROUNDING, 0).parting_step == 1
+    # Given: whatever the order says.
+    assert curves(5e-4, 1e-7, tolerance=1e-3).parting_step is None
+    assert curves(2e-3, 1e-7, tolerance=1e-3).parting_step == 1
+    assert curves(2e-3, 1e-7, tolerance=1e-3).bound == 1e-3

@@ -723,3 +723,24 @@ def test_the_summary_rate_shows_its_digits():
     assert preprocessing.per_second(1202, 5.1) == "236"
     assert preprocessing.per_second(30, 4.0) == "7.5"
     assert preprocessing.per_second(5, 0.0) == "0"
+
+
+def test_the_sizes_of_several_bundles_merge_into_those_of_the_whole_split():
+    """Each bundle keeps its splits' totals and largest examples (by the task's size statistic);
+    merged, they are what one pass over every example keeps: the totals summed, the LARGEST largest
+    across bundles, largest first (ties by source)."""
+    import random
+
+    rng = random.Random(0)
+    examples = [(rng.choice(("train", "eval")), f"doc-{index}", float(rng.randrange(1, 50))) for index in range(60)]
+    whole, parts = preprocessing.Sizes(), [preprocessing.Sizes() for _ in range(4)]
+    for index, (split, source, size) in enumerate(examples):
+        whole.add(split, source, size)
+        parts[index % 4].add(split, source, size)
+    merged = preprocessing.Sizes.merged(parts).manifest()
+    assert merged == whole.manifest()
+    for split in ("train", "eval"):
+        sizes = sorted((size for s, _, size in examples if s == split), reverse=True)
+        assert merged[split]["total"] == sum(sizes)
+        assert [entry["size"] for entry in merged[split]["largest"]] == sizes[: preprocessing.LARGEST]
+        assert merged[split]["largest"][0]["share"] == pytest.approx(sizes[0] / sum(sizes), abs=1e-6)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import config_file, finished_run_of, task_sample
+from conftest import config_file, finished_run_of, run_preprocess, task_sample
 from {{ cookiecutter.package }}.core import config, input_pipeline
 from {{ cookiecutter.package }} import predict, tasks, train
 from {{ cookiecutter.package }}.core import preprocessing
@@ -254,6 +254,80 @@ def test_the_manifest_reports_the_unigram_baseline_of_the_eval_split(sample):
     log_p = [math.log((counts["train"][token] + 1) / (train_total + vocab_size)) for token in counts["eval"].elements()]
     assert len(log_p) == manifest["packing"]["eval"]["tokens"]
     assert manifest["unigram_perplexity"] == pytest.approx(math.exp(-sum(log_p) / len(log_p)), rel=1e-5)
+    # The n-gram baselines in both metrics the model reports: perplexity (the headline) and accuracy.
+    found = manifest["baselines"]
+    assert found["scores"]["unigram"] == pytest.approx(manifest["unigram_perplexity"], abs=1e-4)
+    assert set(found["other_metrics"]) == {"accuracy"} and set(found["other_metrics"]["accuracy"]) == {
+        "unigram",
+        "bigram",
+    }
+    assert 0 < found["other_metrics"]["accuracy"]["unigram"] < found["other_metrics"]["accuracy"]["bigram"] < 1
+
+
+def name_in(split: str, stem: str, eval_fraction: float) -> str:
+    """A file name `stem`-N.txt that the stable hash of its source sends to `split`."""
+    return next(
+        name
+        for name in (f"{stem}-{index}.txt" for index in range(1000))
+        if preprocessing.split_of(name, eval_fraction) == split
+    )
+
+
+def test_a_document_that_dominates_is_flagged_and_can_be_capped(sample, tmp_path, capsys):
+    """The sample with a 1 MB document on one line (one sentence repeated) and a copy of one of its
+    documents: preprocessing prints each split's largest documents' share of the tokens (the windows
+    hold them) and flags the big one with its share and the fix; the manifest's shares and its
+    count of exact duplicates are those of the documents tokenized here. With
+    data.max_document_windows=4 the document keeps 4 windows' tokens, and nothing is flagged."""
+    raw, data = sample
+    fraction = json.loads((data / "manifest.json").read_text())["eval_fraction"]
+    copy = tmp_path / "raw"
+    shutil.copytree(raw, copy)
+    big = name_in("train", "big", fraction)
+    (copy / big).write_text("the quick brown fox jumps over the lazy dog while the cat sleeps. " * 16_000)
+    assert (copy / big).stat().st_size > 2**20
+    originals = sorted(path for path in copy.rglob("*.txt") if path.name != big and path.stat().st_size > 100)
+    original = next(
+        path for path in originals if preprocessing.split_of(str(path.relative_to(copy)), fraction) == "train"
+    )
+    twin = name_in("train", "twin", fraction)
+    shutil.copy(original, copy / twin)
+
+    overrides = [item for item in TASK.testing().overrides if item.startswith("data.")]
+    arguments = ["--config", str(config_file(NAME)), "--num_shards", "2", *overrides]
+    capsys.readouterr()
+    manifest = run_preprocess(copy, tmp_path / "data", *arguments)
+    printed = capsys.readouterr().out
+    documents = documents_by_split(copy, manifest, tmp_path / "data")
+    totals = {split: sum(len(doc) * count for doc, count in documents[split].items()) for split in documents}
+    model_bytes = (tmp_path / "data" / manifest["tokenizer"]["file"]).read_bytes()
+    big_tokens = len(tokenizer.tokenize(model_bytes, (copy / big).read_text())) + 1
+    share = big_tokens / totals["train"]
+    assert share > 0.5  # it is most of the train split
+    largest = manifest["sizes"]["train"]["largest"]
+    assert manifest["sizes"]["statistic"] == "document_tokens"
+    assert largest[0]["source"] == str(copy / big) and largest[0]["size"] == big_tokens
+    assert largest[0]["share"] == pytest.approx(share, abs=1e-6)
+    assert manifest["sizes"]["train"]["total"] == totals["train"]
+    assert [entry["size"] for entry in largest] == sorted((entry["size"] for entry in largest), reverse=True)
+    assert f"largest train examples by document_tokens: {copy / big} {share:.1%}" in printed
+    flagged = [line for line in printed.splitlines() if line.startswith("flagged: ")]
+    assert flagged == [
+        f"flagged: {copy / big} is {share:.1%} of the train split's document_tokens "
+        "(over data.max_example_share=0.05): one example would be that much of what the model trains on; "
+        "split it, cap it (data.max_document_windows=N keeps a document's first N windows), or drop it from "
+        "the raw data"
+    ]
+    repeats = {split: sum(count - 1 for count in documents[split].values()) for split in documents}
+    assert repeats["train"] >= 1 and manifest["duplicates"] == repeats
+    assert f"duplicates: train {repeats['train']}" in printed
+
+    capsys.readouterr()
+    capped = run_preprocess(copy, tmp_path / "capped", *arguments, "data.max_document_windows=4")
+    printed = capsys.readouterr().out
+    seq_len = capped["seq_len"]
+    assert capped["sizes"]["train"]["largest"][0]["size"] <= 4 * seq_len + 1
+    assert "flagged: " not in printed, printed
 
 
 @pytest.fixture
@@ -647,8 +721,24 @@ def test_the_bigram_baseline_is_witten_bell_over_the_unigram():
         p_bi = keep * (pairs[previous, token] / seen if seen else 0.0) + (1 - keep) * p_uni
         log_uni, log_bi = log_uni + math.log(p_uni), log_bi + math.log(p_bi)
     steps = len(evaluation) - 1
-    assert found["unigram"] == pytest.approx(math.exp(-log_uni / steps), rel=1e-9)
-    assert found["bigram"] == pytest.approx(math.exp(-log_bi / steps), rel=1e-9)
+    assert found["unigram"]["perplexity"] == pytest.approx(math.exp(-log_uni / steps), rel=1e-9)
+    assert found["bigram"]["perplexity"] == pytest.approx(math.exp(-log_bi / steps), rel=1e-9)
     eval_counts = Counter(evaluation[1:])
-    assert found["unigram"] == pytest.approx(unigram_perplexity(unigram, eval_counts, vocab), rel=1e-9)
-    assert found["bigram"] < 0.5 * found["unigram"]
+    unigram_ppl = unigram_perplexity(unigram, eval_counts, vocab)
+    assert found["unigram"]["perplexity"] == pytest.approx(unigram_ppl, rel=1e-9)
+    assert found["bigram"]["perplexity"] < 0.5 * found["unigram"]["perplexity"]
+
+    # Accuracy: each model's likeliest next token over the whole vocabulary (ties: the lower id).
+    def p_bigram(previous: int, token: int) -> float:
+        seen = sum(count for (first, _), count in pairs.items() if first == previous)
+        followers = len({second for first, second in pairs if first == previous})
+        keep = seen / (seen + followers) if seen else 0.0
+        p_uni = (unigram[token] + 1) / (total + vocab)
+        return keep * (pairs[previous, token] / seen if seen else 0.0) + (1 - keep) * p_uni
+
+    favourite = max(range(vocab), key=lambda token: (unigram[token], -token))
+    steps_taken = list(zip(evaluation[:-1], evaluation[1:]))
+    likeliest = {p: max(range(vocab), key=lambda t: (p_bigram(p, t), -t)) for p, _ in steps_taken}
+    assert found["unigram"]["accuracy"] == pytest.approx(sum(t == favourite for _, t in steps_taken) / steps)
+    assert found["bigram"]["accuracy"] == pytest.approx(sum(likeliest[p] == t for p, t in steps_taken) / steps)
+    assert found["bigram"]["accuracy"] > found["unigram"]["accuracy"]

@@ -85,11 +85,13 @@ def examples_per_second(dataset: tf.data.Dataset, batch_size: int, min_seconds: 
     return batches * batch_size / (time.perf_counter() - started)
 
 
-def naive_dataset(files: list[str], task, manifest: dict, batch_size: int, compression: str) -> tf.data.Dataset:
+def naive_dataset(
+    files: list[str], task, manifest: dict, batch_size: int, compression: str, data_config=None
+) -> tf.data.Dataset:
     """What a first version often looks like: sequential reads, per-example parsing, no prefetch."""
 
     def parse_one(record):
-        inputs, targets = task.parse_batch(tf.expand_dims(record, 0), manifest, training=True)
+        inputs, targets = task.parse_batch(tf.expand_dims(record, 0), manifest, training=True, data_config=data_config)
         return tf.nest.map_structure(lambda tensor: tensor[0], (inputs, targets))
 
     options = tf.data.Options()
@@ -133,12 +135,13 @@ def compare_inputs(
             seed=0,
             shuffle_buffer=cfg.data.shuffle_buffer,
             compression=compression,
+            data_config=cfg.data,
         ),
         batch,
         seconds,
     )
     print(f"input, optimized : {optimized:10.1f} examples/s", flush=True)
-    naive = examples_per_second(naive_dataset(files, task, manifest, batch, compression), batch, seconds)
+    naive = examples_per_second(naive_dataset(files, task, manifest, batch, compression, cfg.data), batch, seconds)
     print(f"input, naive     : {naive:10.1f} examples/s   speedup {optimized / naive:.2f}x", flush=True)
     return optimized, naive
 
@@ -283,6 +286,7 @@ def compare_training(cfg, task, resolved, manifest: dict, chosen: str, optimized
         batch,
         training=True,
         shuffle_buffer=cfg.data.shuffle_buffer,
+        data_config=cfg.data,
     )
     real_rate = training_steps_per_second(model, real_dataset, spe, seconds)
     return {"synthetic": synthetic_rate, "real": real_rate, "bfloat16_over_float32": bf16_over_f32}

@@ -21,7 +21,8 @@ data
     run_dir                the run directory: paths, metrics.json (RunRecord), checkpoints' restore, export
 model
     precision, schedule    bfloat16 or float32; the learning rate
-    model                  the task's network, compiled with optimizer, loss and metrics
+    model                  the task's network, compiled with optimizer, loss and metrics; a step
+                           loss's global batch (gather) and global-batch mean (global_mean)
     optimizers, recompute  the optimizers (Adafactor's factored moments); recomputed blocks (model.remat)
     memory, levers         the step's memory plan and FLOPs from shapes; the memory levers and the
                            one line an out-of-memory error becomes

@@ -55,6 +55,11 @@ class DataConfig:
     of a quarter of the host's available memory and 1 GiB; later epochs and evaluations read no
     storage (a gs:// split is downloaded once per process). The order is unchanged. `none`: always
     read the files (input_pipeline.py)."""
+    max_example_share: float = 0.05
+    """Preprocessing flags an example that becomes more than this share of its split, by the task's
+    size statistic (`Task.size_statistic`: a language model's document, by the tokens its windows
+    hold), with the fix: one document repeated thousands of times in one line can become most of what
+    the model trains on. Reported, not refused."""
 
 
 @dataclass

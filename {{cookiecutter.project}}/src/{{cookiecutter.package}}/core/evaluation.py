@@ -48,6 +48,7 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, task, manifest: dict
         cfg.train.global_batch_size,
         training=False,
         cache=cfg.data.cache,
+        data_config=cfg.data,
     )
     started = time.perf_counter()
     results = model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
@@ -61,6 +62,7 @@ def evaluate_model(model, strategy, cfg: config_lib.Config, task, manifest: dict
             cfg.train.global_batch_size,
             training=False,
             cache=cfg.data.cache,
+            data_config=cfg.data,
         )
         outputs, targets = split_outputs(model, strategy, dataset, steps)
         results.update(split_metrics(model, outputs, targets, cfg, task, manifest))

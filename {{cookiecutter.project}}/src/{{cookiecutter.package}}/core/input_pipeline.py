@@ -389,8 +389,10 @@ def train_pipeline(
     first_epoch: int = 0,
     pending: tuple[Piece, ...] = (),
     cache: bool = False,
+    data_config=None,
 ) -> tf.data.Dataset:
-    """One host's train input: batches of `batch_size` (per replica) parsed by `task`, repeated
+    """One host's train input: batches of `batch_size` (per replica) parsed by `task` with the run's
+    `data_config` (the config's `data` section: `Task.parse_batch` reads its run-time keys), repeated
     forever from `start` (the records this pipeline consumed before: see `train_stream`, which also
     says what `first_epoch` and `pending` are), in the resumable order of `seed`, which must be the
     same on every host. With `accumulation_steps` > 1, each element is the [k, batch, ...]
@@ -413,7 +415,7 @@ def train_pipeline(
     # input hands the same batch the same key, so it draws what the uninterrupted run drew.
     keys = tf.data.Dataset.range(start // batch_size, 2**62).map(lambda index: batch_key(seed, pipeline_id, index))
     dataset = tf.data.Dataset.zip(dataset, keys).map(
-        lambda batch, key: task.parse_batch(batch, manifest, training=True, seed=key),
+        lambda batch, key: task.parse_batch(batch, manifest, training=True, seed=key, data_config=data_config),
         num_parallel_calls=AUTOTUNE,
         deterministic=True,  # the order is the resumable one
     )
@@ -435,10 +437,11 @@ def eval_pipeline(
     global_batch_size: int | None = None,
     compression: str = "none",
     cache: bool = False,
+    data_config=None,
 ) -> tf.data.Dataset:
     """One host's eval input: one pass in file order, padded with weight-0 examples to the steps
     that cover every pipeline's share (`eval_steps` of `global_batch_size`, by default `batch_size`
-    x the replicas), yielding (features, targets, weights) parsed by `task`."""
+    x the replicas), yielding (features, targets, weights) parsed by `task` with `data_config`."""
     record_level = _warn_record_level(files, num_pipelines)
     mine = files[pipeline_id::num_pipelines] if num_pipelines > 1 and not record_level else files
     if cache:
@@ -465,7 +468,7 @@ def eval_pipeline(
         .batch(batch_size, drop_remainder=True)
     )
     dataset = dataset.map(
-        lambda batch, weights: (*task.parse_batch(batch, manifest, training=False), weights),
+        lambda batch, weights: (*task.parse_batch(batch, manifest, training=False, data_config=data_config), weights),
         num_parallel_calls=AUTOTUNE,
     )
     return dataset.prefetch(AUTOTUNE).with_options(NO_AUTOTUNE)
@@ -487,11 +490,13 @@ def distributed_dataset(
     first_epoch: int = 0,
     pending: tuple[tuple[Piece, ...], ...] = (),
     cache: str = "none",
+    data_config=None,
 ):
     """(the per-host datasets of `split` distributed over `strategy`'s replicas, the number of
     global steps of one evaluation pass or None when training). Training starts where `start_step`
     steps of this order have consumed (each pipeline's share of them); `pending` holds each
-    pipeline's pieces of an earlier layout's epoch (`train_stream`). `cache` is data.cache."""
+    pipeline's pieces of an earlier layout's epoch (`train_stream`). `cache` is data.cache;
+    `data_config` the run's data section, which `Task.parse_batch` is given."""
     files, examples_per_file = split_files(data_dir, manifest, split)
     split_bytes = manifest["splits"][split].get("bytes", math.inf)  # unknown size: never cached
     num_pipelines = []
@@ -505,6 +510,7 @@ def distributed_dataset(
             num_pipelines=context.num_input_pipelines,
             compression=manifest.get("compression", "none"),
             cache=cached(split_bytes, 1 / context.num_input_pipelines, cache),
+            data_config=data_config,
         )
         if not training:
             return eval_pipeline(
@@ -560,5 +566,6 @@ def training_dataset(
         first_epoch=first_epoch,
         pending=pending,
         cache=cfg.data.cache,
+        data_config=cfg.data,
     )
     return dataset

@@ -21,6 +21,7 @@ random layer onto another seed, and with it the figures a recipe was tuned to).
 from __future__ import annotations
 
 import types
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -52,6 +53,50 @@ def replica_offset(tensor):
     if context is None or context.num_replicas_in_sync == 1:
         return tf.constant(0, tf.int32)
     return tf.cast(context.replica_id_in_sync_group, tf.int32) * tf.shape(tensor)[0]
+
+
+class Weighted(NamedTuple):
+    """A step loss's value with the weight it is reported by (what `global_mean` returns). Training
+    minimises `value` like a plain scalar; the reported figure (training log, evaluation,
+    metrics.json) is the weighted mean of `value` over the replicas and steps, by `weight` instead of
+    the number of examples: a token loss is reported per counted token, ln(perplexity)."""
+
+    value: tf.Tensor
+    weight: tf.Tensor
+
+
+def global_mean(values, weights=None) -> Weighted:
+    """Inside a step loss: the mean of `values` over the whole global batch, weighted by `weights`
+    (broadcast to `values`; 1 for every value that counts, 0 for the rest: a masked language model's
+    unmasked positions, evaluation's padding), from any replica. Return it as the step loss (or one of
+    its entries).
+
+    A replica's own mean, sum(values x weights) / sum(weights) on its share, is not the global batch's
+    mean when the replicas count different totals (masked tokens, real tokens): 8 replicas then train
+    another objective than one device does, by a small amount that `make parity` finds. Here every
+    replica divides its weighted sum by the total weight of all replicas (one all-reduce of a scalar,
+    held out of the gradient), times the number of replicas that the core divides by again: the
+    replicas' summed gradients are the gradient of the global mean. Reported weighted by the total
+    weight, the loss over a split is sum(values x weights) / sum(weights) over all of it (for a token
+    loss, ln(perplexity) of the split). A batch with no weight gives 0 and counts nothing.
+
+        losses = keras.losses.sparse_categorical_crossentropy(targets, outputs, from_logits=True)
+        masked = tf.cast(features["masked"], tf.float32)        # [batch, length], 1 where predicted
+        if weights is not None:                                  # evaluation: padding examples count 0
+            masked *= tf.cast(weights, tf.float32)[:, None]
+        return global_mean(losses, masked)
+    """
+    values = tf.cast(values, tf.float32)
+    weights = (
+        tf.ones_like(values) if weights is None else tf.broadcast_to(tf.cast(weights, tf.float32), tf.shape(values))
+    )
+    local_sum, total = tf.reduce_sum(values * weights), tf.reduce_sum(weights)
+    replicas, context = 1, tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        replicas = context.num_replicas_in_sync
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, total)
+    total = tf.stop_gradient(total)
+    return Weighted(tf.math.divide_no_nan(replicas * local_sum, total), total / replicas)
 
 
 class TaskModel(keras.Model):
@@ -108,8 +153,10 @@ class TaskModel(keras.Model):
         else:
             weight = tf.reduce_sum(tf.cast(sample_weight, tf.float32))
         for name, value in values.items():
-            self.step_trackers[name].update_state(tf.cast(value, tf.float32), sample_weight=weight)
-        total = tf.cast(values["loss"], tf.float32)
+            value, by = (value.value, value.weight) if isinstance(value, Weighted) else (value, weight)
+            self.step_trackers[name].update_state(tf.cast(value, tf.float32), sample_weight=by)
+        loss = values["loss"]
+        total = tf.cast(loss.value if isinstance(loss, Weighted) else loss, tf.float32)
         if self.losses:  # the layers' regularisation, as Keras adds it to a compiled loss
             total += tf.add_n([tf.cast(loss, tf.float32) for loss in self.losses])
         # Each replica returns the loss of the global batch (or its estimate of it), and the replicas'

@@ -125,9 +125,14 @@ class ReadFiles(beam.DoFn):
                     yield item.split or split_of(item.source, self.eval_fraction), item
 
 
+LARGEST = 5
+"""The largest examples of each split the manifest lists (by the task's size statistic)."""
+
+
 class EncodeExamples(beam.DoFn):
     """Encodes examples; emits ((split, shard), [(order, record), ...]) per bundle, the rejected
-    inputs and the task's additive statistics (tagged)."""
+    inputs, the task's additive statistics, each record's (split, digest) for counting exact
+    duplicates, and each split's total and largest examples by the task's size statistic (tagged)."""
 
     def __init__(self, task, input_root: str, data, num_shards: int | None, reading_hosts: int):
         self.task, self.input_root, self.data = task, input_root.rstrip("/"), data
@@ -137,6 +142,7 @@ class EncodeExamples(beam.DoFn):
     def start_bundle(self):
         self.by_shard = defaultdict(list)
         self.stats = defaultdict(float)
+        self.sizes = Sizes()
 
     def process(self, element, vocabularies: dict, counts: dict, artifacts: dict):
         split, example = element
@@ -152,6 +158,11 @@ class EncodeExamples(beam.DoFn):
         self.by_shard[(split, shard_of(example.source, shards[split]))].append((order_key(example.source), record))
         for key, value in stats.items():
             self.stats[key] += value
+        if getattr(self.task, "size_statistic", ""):
+            self.sizes.add(
+                split, locate(self.input_root, example.source), float(stats.get(self.task.size_statistic, 0))
+            )
+        yield beam.pvalue.TaggedOutput("digests", (split, hashlib.sha256(record).digest()[:16]))
         self.encoded.inc()
 
     def finish_bundle(self):
@@ -162,6 +173,56 @@ class EncodeExamples(beam.DoFn):
             yield WindowedValue((key, records), 0, [GlobalWindow()])
         if self.stats:
             yield beam.pvalue.TaggedOutput("stats", WindowedValue(dict(self.stats), 0, [GlobalWindow()]))
+        if self.sizes.totals:
+            yield beam.pvalue.TaggedOutput("sizes", WindowedValue(self.sizes, 0, [GlobalWindow()]))
+
+
+def share(part: float, whole: float) -> float:
+    return round(part / whole, 6) if whole else 0.0
+
+
+@dataclasses.dataclass
+class Sizes:
+    """Each split's total of the task's size statistic and its LARGEST examples by it, [(size,
+    source)] largest first; several merge into one (`merged`)."""
+
+    totals: dict = dataclasses.field(default_factory=lambda: defaultdict(float))
+    largest: dict = dataclasses.field(default_factory=lambda: defaultdict(list))
+
+    def add(self, split: str, source: str, size: float) -> None:
+        self.totals[split] += size
+        self.keep(split, size, source)
+
+    def keep(self, split: str, size: float, source: str) -> None:
+        kept = self.largest[split]
+        kept.append((size, source))
+        kept.sort(key=lambda item: (-item[0], item[1]))
+        del kept[LARGEST:]
+
+    @staticmethod
+    def merged(parts: Iterable["Sizes"]) -> "Sizes":
+        whole = Sizes()
+        for part in parts:
+            for split, total in part.totals.items():
+                whole.totals[split] += total
+            for split, kept in part.largest.items():
+                for size, source in kept:
+                    whole.keep(split, size, source)
+        return whole
+
+    def manifest(self) -> dict:
+        """{split: {"total": ..., "largest": [{"source", "size", "share"}]}} for the manifest."""
+        return {
+            split: {
+                "total": self.totals[split],
+                "largest": [
+                    {"source": source, "size": size, "share": share(size, self.totals[split])}
+                    for size, source in self.largest[split]
+                ],
+            }
+            for split in SPLITS
+            if split in self.totals
+        }
 
 
 def vocabulary_entries(task, example) -> Iterator[tuple[str, str]]:
@@ -288,6 +349,8 @@ def finalize(
     stats: list,
     vocabularies: dict,
     artifacts: dict,
+    sizes: list = (),
+    duplicates: dict | None = None,
     *,
     task,
     data,
@@ -354,7 +417,11 @@ def finalize(
         "artifacts": sorted(artifacts),
         "rejected": {"count": len(rejected), "by_reason": dict(sorted(by_reason.items())), "file": REJECTED},
         "ignored_files": ignored,
+        # Encoded examples equal to an earlier one of their split (kept: the raw data decides).
+        "duplicates": {split: int((duplicates or {}).get(split, 0)) for split in SPLITS},
     }
+    if getattr(task, "size_statistic", ""):
+        manifest["sizes"] = {"statistic": task.size_statistic, **Sizes.merged(sizes).manifest()}
     write_manifest(output, manifest)
     remove_temp_folders(output, temp_dir)
     return manifest
@@ -453,7 +520,14 @@ def build_pipeline(
         vocabularies=beam.pvalue.AsSingleton(vocabularies | "SortedNames" >> beam.Map(vocabulary_names)),
         counts=beam.pvalue.AsDict(counts),
         artifacts=beam.pvalue.AsSingleton(artifacts),
-    ).with_outputs("rejected", "stats", main="records")
+    ).with_outputs("rejected", "stats", "digests", "sizes", main="records")
+    # Exact duplicates: the records that equal an earlier one of their split (by digest).
+    duplicates = (
+        encoded.digests
+        | "CountDigests" >> beam.combiners.Count.PerElement()
+        | "Repeats" >> beam.Map(lambda item: (item[0][0], item[1] - 1))
+        | "DuplicatesPerSplit" >> beam.CombinePerKey(sum)
+    )
     written = (
         encoded.records
         | "GroupByShard" >> beam.GroupByKey()
@@ -469,6 +543,8 @@ def build_pipeline(
             shards=beam.pvalue.AsList(written),
             rejected=beam.pvalue.AsList(rejected),
             stats=beam.pvalue.AsList(encoded.stats),
+            sizes=beam.pvalue.AsList(encoded.sizes),
+            duplicates=beam.pvalue.AsDict(duplicates),
             vocabularies=beam.pvalue.AsSingleton(vocabularies),
             artifacts=beam.pvalue.AsSingleton(artifacts),
             task=task,
@@ -672,6 +748,8 @@ def run(
         service="the Dataflow runner" if on_dataflow and not dry_run else None,
     )
 
+    if not 0 < data.max_example_share <= 1:
+        raise UserError(f"data.max_example_share must be in (0, 1], got {data.max_example_share}")
     started = time.perf_counter()
     listing = task.list_raw(input_root)
     beam_args, runner = choose_local_runner(task, input_root, listing, beam_args)
@@ -711,9 +789,41 @@ def run(
         f"(listed in {REJECTED}); ignored {manifest['ignored_files']} other files",
         flush=True,
     )
+    for line in describe_sizes(task, data, manifest):
+        print(line, flush=True)
     if baselines:
         add_baselines(task, manifest, output)
     return 0
+
+
+def describe_sizes(task, data, manifest: dict) -> list[str]:
+    """What preprocessing says of the examples' copies and sizes: the exact duplicates of each split,
+    each split's largest examples and their share of it (by the task's size statistic), and a line
+    for each example over `data.max_example_share`, with the fix."""
+    lines = []
+    copies = {split: count for split, count in manifest.get("duplicates", {}).items() if count}
+    if copies:
+        lines.append(
+            f"duplicates: {', '.join(f'{split} {count}' for split, count in copies.items())} exact copies of an "
+            "earlier example of their split (kept: remove them from the raw data to train on each once)"
+        )
+    sizes = manifest.get("sizes") or {}
+    statistic = sizes.get("statistic")
+    for split in (split for split in SPLITS if split in sizes):
+        largest = sizes[split]["largest"]
+        lines.append(
+            f"largest {split} examples by {statistic}: "
+            + ", ".join(f"{entry['source']} {entry['share']:.1%}" for entry in largest)
+        )
+        for entry in (entry for entry in largest if entry["share"] > data.max_example_share):
+            lines.append(
+                f"flagged: {entry['source']} is {entry['share']:.1%} of the {split} split's {statistic} (over "
+                f"data.max_example_share={data.max_example_share:g}): one example would be that much of what the "
+                f"model {'trains on' if split == 'train' else 'is judged on'}; split it, cap it"
+                + (f" ({task.size_advice})" if task.size_advice else "")
+                + ", or drop it from the raw data"
+            )
+    return lines
 
 
 def add_baselines(task, manifest: dict, output: str) -> None:

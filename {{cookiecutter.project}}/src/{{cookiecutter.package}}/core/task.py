@@ -13,7 +13,8 @@ where the data is when they run, in that order; * marks the required ones (abstr
     config       name*, data_config*, model_config*, objective_config, predict_config
     raw input    raw_format*, list_raw*, read_raw*, reject_reasons
     encoding     fit_encoding, encoding_sample_size, needs_encoding_fit, vocabularies, encode*, pack,
-                 bytes_per_example*, multi_process_from_bytes, feature_spec*, manifest_fields
+                 size_statistic, size_advice, bytes_per_example*, multi_process_from_bytes,
+                 feature_spec*, manifest_fields
     input        check_manifest, parse_batch*, padding_record*, synthetic_batch*, describe_data
     model        build_model*, output_layers
     objective    build_loss*, build_step_loss, loss_terms, build_metrics, split_metric_names,
@@ -68,8 +69,9 @@ line saying what each became):
         manifest_fields(stats, data_config, artifacts, vocabularies), predict_inputs(inputs, manifest,
         export_dir), predictions(inputs, outputs, manifest, export_dir)
 
-Since then `parse_batch` takes the batch's random key, `seed` (see the member); a task whose
-parse_batch does not take it is refused at load the same way.
+Since then `parse_batch` takes the batch's random key, `seed`, and the run's data config,
+`data_config` (see the member); a task whose parse_batch does not take them is refused at load the
+same way.
 
 The core never names what a task learns (classes, labels, a score): it trains on the task's loss,
 reports the task's metrics under their names, keeps the checkpoint of the best `headline_metric`
@@ -276,13 +278,13 @@ order (`categories` became `vocabularies`, a dict by field; `predictions` gets t
 
 ADDED_PARAMETERS = {
     "parse_batch": (
-        "seed",
-        "parse_batch(serialized, manifest, training=False, seed=None), drawing any augmentation from seed "
-        "with tf.random.stateless_* ops",
+        ("seed", "data_config"),
+        "parse_batch(serialized, manifest, training=False, seed=None, data_config=None), drawing any augmentation "
+        "from seed with tf.random.stateless_* ops and reading the run's data keys from data_config",
     ),
 }
-"""Members that take a parameter they did not take before, which the core passes by name: member ->
-(the parameter, what the member must look like). `Task.__new__` refuses a task whose member lacks it
+"""Members that take parameters they did not take before, which the core passes by name: member ->
+(the parameters, what the member must look like). `Task.__new__` refuses a task whose member lacks it
 (a call would fail at the first batch, deep inside tf.data)."""
 
 
@@ -290,6 +292,11 @@ def _takes(function, parameter: str) -> bool:
     """Whether `function` accepts `parameter` by name (itself, or through **kwargs)."""
     parameters = inspect.signature(function).parameters
     return parameter in parameters or any(each.kind is inspect.Parameter.VAR_KEYWORD for each in parameters.values())
+
+
+def _lacks(function, parameters: tuple[str, ...]) -> list[str]:
+    """Those of `parameters` that `function` does not accept by name."""
+    return [parameter for parameter in parameters if not _takes(function, parameter)]
 
 
 class OutdatedTask(IncompleteTask):
@@ -320,10 +327,11 @@ class OutdatedTask(IncompleteTask):
             changes.append(f"these keep their names, with their parameters now in this order: {', '.join(reordered)}")
         problems = [f"defines members the core no longer calls: {'; '.join(changes)}"] if changes else []
         problems += [
-            f"defines {name} without the {ADDED_PARAMETERS[name][0]} parameter the core passes it: make it "
-            f"{ADDED_PARAMETERS[name][1]}"
+            f"defines {name} without the {' and '.join(lacking)} parameter{'s' if len(lacking) > 1 else ''} the core "
+            f"passes it: make it {ADDED_PARAMETERS[name][1]}"
             for name in found
             if name in ADDED_PARAMETERS
+            for lacking in [_lacks(getattr(task_class, name), ADDED_PARAMETERS[name][0])]
         ]
         self.problem = "; ".join(problems)
         TypeError.__init__(self, f"{task_class.__qualname__} {self.problem}")
@@ -347,7 +355,7 @@ class Task(abc.ABC):
         found = [name for name in FIRST_EDITION if any(name in vars(klass) for klass in mine)]
         if cls.split_metrics is not Task.split_metrics and not cls.split_metric_names:
             found.append("split_metrics")
-        found += [name for name, (added, _) in ADDED_PARAMETERS.items() if not _takes(getattr(cls, name), added)]
+        found += [name for name, (added, _) in ADDED_PARAMETERS.items() if _lacks(getattr(cls, name), added)]
         if found:
             defined_in = next(klass for klass in mine if found[0] in vars(klass))
             raise OutdatedTask(cls, found, defined_in)
@@ -447,6 +455,16 @@ class Task(abc.ABC):
         The manifest's and the input pipeline's example counts are the records returned here."""
         return list(records), {}
 
+    size_statistic: str = ""
+    """The name of a statistic `encode` returns for each example that says how much of its split the
+    example becomes (the language model's "document_tokens": its windows hold them). With it,
+    preprocessing reports the largest examples' share of each split and flags one over
+    `data.max_example_share`. Empty (the default): every example is one record, and none can
+    dominate."""
+    size_advice: str = ""
+    """The task's own key that caps one example's size, named in the flag (the language model's
+    `data.max_document_windows`)."""
+
     @abc.abstractmethod
     def bytes_per_example(self, data_config: Any) -> int:
         """Estimated bytes of one record, for sizing shards."""
@@ -477,7 +495,7 @@ class Task(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None, data_config=None):
         """A batch of serialized examples -> (features, targets), with static shapes.
         `training` is True for the train split: the place for random augmentation, which runs here,
         on the host, inside the input pipeline's parallel map; False gives deterministic features.
@@ -488,7 +506,13 @@ class Task(abc.ABC):
         the i-th of several draws; a draw over the batch gives example j its j-th numbers): the
         resumed run then crops and flips as the uninterrupted one did, where a stateful op
         (`tf.random.uniform`) draws afresh at every start. None outside training, and in training
-        where no order is resumed (`make bench`'s input, a test): draw unseeded then."""
+        where no order is resumed (`make bench`'s input, a test): draw unseeded then.
+
+        `data_config` is the run's `data` section (the task's `data_config` class with the config's
+        values and the run's overrides): a key read here, not at preprocessing (a mask rate, a crop
+        size, a noise level), changes at the next `make train` without preprocessing again. The
+        core passes it on every call; None only where a task calls this itself: use
+        `data_config or self.data_config()` there."""
 
     @abc.abstractmethod
     def padding_record(self, manifest: Manifest) -> bytes:
@@ -537,7 +561,11 @@ class Task(abc.ABC):
         loss (in-batch negatives), and `replica_offset(tensor)` where this replica's rows begin in it;
         see gather for its cost. Return the loss of the global batch (or this replica's estimate of
         it): the core adds the layers' regularisation, divides by the number of replicas, whose
-        gradients are summed, and reports the mean over the real examples. Gradient accumulation,
+        gradients are summed, and reports the mean over the real examples. A mean over a count that
+        differs between replicas (masked tokens, real tokens) is `core.model.global_mean(values,
+        weights)`: this replica's own mean is not the global batch's, and 8 replicas would train
+        another objective than one device; it is reported per counted value (ln(perplexity) for a
+        token loss). Gradient accumulation,
         steps_per_execution, the NaN guard and the best checkpoint work as with `build_loss`; `make
         parity` says whether N replicas train as one device does."""
         return None
@@ -583,10 +611,13 @@ class Task(abc.ABC):
     higher_is_better: bool = False
     """Whether a larger `headline_metric` is better (accuracy) or a smaller one (loss, error)."""
 
-    def score_baselines(self, train: Iterator, evaluation: Iterator, manifest: Manifest) -> dict[str, float]:
+    def score_baselines(self, train: Iterator, evaluation: Iterator, manifest: Manifest) -> dict:
         """Trivial models of the data that the trained one must beat, fitted on `train` and scored on
         `evaluation` in the `headline_metric`: {name: score}, e.g. {'majority': 0.23, 'bag-of-words':
-        0.97}. Both iterate once over (features, targets) numpy batches as `parse_batch` gives them
+        0.97}; or in every metric of `build_metrics` a baseline can be scored in, the headline among
+        them: {name: {metric: score}}, e.g. {'unigram': {'perplexity': 295.0, 'accuracy': 0.06}},
+        each printed and kept beside the model's own. Both iterate once over (features, targets)
+        numpy batches as `parse_batch` gives them
         (without augmentation), at most core/baselines.py's TRAIN_RECORDS and EVAL_RECORDS records.
         `make preprocess` writes them into the manifest, training prints them beside every evaluation
         and metrics.json keeps them; `make doctor` warns when a run did not beat the best. No baselines

@@ -32,11 +32,16 @@ Model ("Tensor dimensions", "Fully connected layers", "Batch normalization", "bf
   model.memory              the step's memory per TPU chip (weights, gradients, optimizer slots, activations
                             kept for the backward pass; core/memory.py) against the chip's HBM less XLA's
                             share; on WARN/FAIL each memory lever's effect and a combination that fits
+  model.flops               the model FLOPs of one optimizer step (what the training log's TFLOP/s and MFU
+                            divide) and the step time they take at the chips' peak: the fastest the step
+                            can run
   model.precision           bfloat16 on a TPU (the MXU's native input type, half the memory traffic); on
                             a CPU, whether it computes bfloat16 natively (else emulated, several times slower)
 Input pipeline ("Static shapes", "Input pipeline performance", "Storage"):
   input.static_shapes       the real training and eval datasets have fully defined shapes
                             (drop_remainder=True): a dynamic shape recompiles or fails on a TPU
+  data.credentials          a gs:// data.dir or runtime.output_dir has Google Cloud credentials here (WARN
+                            without: the rules that read those paths SKIP, every other rule runs)
   data.manifest             manifest.json is present, readable, and matches the task's feature spec and data.*
   data.shard_count          at least 10 shards per reading host, so every host interleaves several files
   data.shard_size           shards of 10 MB or more (100 MB+ ideally): per-file overhead otherwise dominates
@@ -71,6 +76,7 @@ from .. import tasks
 from ..core import config as config_lib
 from ..core import gcp
 from ..core import topology as topology_lib
+from ..core.errors import UserError
 
 # One module of rules per topic; each registers its rules on import.
 from . import batch, data, model, tpu_vm, training  # noqa: F401
@@ -110,7 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config, args.overrides, registry=tasks)
     task = tasks.load(cfg.task)
-    gcp.require_credentials({"data.dir": cfg.data.dir, "runtime.output_dir": cfg.runtime.output_dir})
+    # Without credentials the doctor still plans: the rules that read a gs:// path skip (data.credentials).
+    try:
+        credentials = gcp.require_credentials({"data.dir": cfg.data.dir, "runtime.output_dir": cfg.runtime.output_dir})
+        no_credentials = ""
+    except UserError as error:
+        credentials, no_credentials = None, str(error)
     _keep_tensorflow_off_the_accelerators()
     from ..core import distribute
 
@@ -120,7 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"doctor: {args.config}{' ' + ' '.join(args.overrides) if args.overrides else ''}")
     print(f"target: {target.describe()}")
     print(f"machine: {'a TPU VM' if on_tpu_vm else NOT_A_TPU_VM}", flush=True)
-    results = run_rules(Context(cfg, task, target, on_tpu_vm=on_tpu_vm, tpu_type=args.tpu_type))
+    context = Context(cfg, task, target, on_tpu_vm=on_tpu_vm, tpu_type=args.tpu_type)
+    context.credentials, context.no_credentials = credentials, no_credentials
+    results = run_rules(context)
     print(format_report(results))
     print(summary(results))
     return 1 if any(result.status == FAIL for result in results) else 0

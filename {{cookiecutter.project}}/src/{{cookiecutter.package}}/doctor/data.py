@@ -54,6 +54,7 @@ def input_static_shapes(ctx: Context) -> Verdict:
                     shuffle_buffer=cfg.data.shuffle_buffer,
                     num_pipelines=pipelines,
                     compression=compression,
+                    data_config=cfg.data,
                 )
             else:
                 dataset = input_pipeline.eval_pipeline(
@@ -66,6 +67,7 @@ def input_static_shapes(ctx: Context) -> Verdict:
                     replicas_per_pipeline=max(1, target.replicas // pipelines),
                     global_batch_size=cfg.train.global_batch_size,
                     compression=compression,
+                    data_config=cfg.data,
                 )
             specs = tf.nest.flatten(dataset.element_spec)
             shapes.append(f"{split} " + " ".join(str(spec.shape.as_list()) for spec in specs))
@@ -116,6 +118,7 @@ def input_host_capacity(ctx: Context) -> Verdict:
         shuffle_buffer=cfg.data.shuffle_buffer,
         num_pipelines=target.hosts,
         compression=manifest.get("compression", "none"),
+        data_config=cfg.data,
     )
     iterator = iter(dataset)
     next(iterator)  # threads started, first files open
@@ -138,9 +141,29 @@ def input_host_capacity(ctx: Context) -> Verdict:
     return passed(f"{found} ({delivered / needed:.1f}x)")
 
 
+@rule("data.credentials")
+def data_credentials(ctx: Context) -> Verdict:
+    paths = {"data.dir": ctx.cfg.data.dir, "runtime.output_dir": ctx.cfg.runtime.output_dir}
+    remote = [f"{name}={path}" for name, path in paths.items() if path.startswith("gs://")]
+    if not remote:
+        return passed("no gs:// path among data.dir and runtime.output_dir: no credentials needed")
+    if not ctx.no_credentials:
+        return passed(f"{', '.join(remote)}: read with {ctx.credentials or 'the credentials found'}")
+    from ..core import gcp
+
+    found = ctx.no_credentials.removesuffix(gcp.FIX).rstrip(":; ")
+    return warn(
+        f"{found}: the rules that read them (data.manifest, the input and shard rules, the last run's) are skipped; "
+        "the plan, the batch rules and the support matrix need none",
+        gcp.FIX,
+    )
+
+
 @rule("data.manifest")
 def data_manifest(ctx: Context) -> Verdict:
     manifest, error, fix = ctx.manifest_or_error
+    if manifest is None and ctx.unreadable(ctx.cfg.data.dir):
+        return skip(error)
     if manifest is None:
         return fail(error, fix)
     splits = manifest["splits"]

@@ -243,6 +243,16 @@ class Context:
         self.cfg, self.task, self.target, self.on_tpu_vm = cfg, task, target, on_tpu_vm
         self.tpu_type = tpu_type or target.tpu_type or topology_lib.DEFAULT_TPU_TYPE
         """The TPU type the project trains on (--tpu_type), whatever this run's target."""
+        self.credentials: str | None = None
+        """Whose Google Cloud credentials read the config's gs:// paths (None: none needed, or none here)."""
+        self.no_credentials = ""
+        """Why the config's gs:// paths cannot be read here (gcp.require_credentials' one line); empty
+        when they can or there are none."""
+
+    def unreadable(self, path: str) -> bool:
+        """Whether `path` is on Cloud Storage and this machine has no credentials to read it: the
+        rules that would read it skip."""
+        return bool(self.no_credentials) and path.startswith("gs://")
 
     @property
     def per_replica_batch(self) -> int | None:
@@ -258,6 +268,8 @@ class Context:
         from ..core import input_pipeline
 
         data_dir = self.cfg.data.dir
+        if self.unreadable(data_dir):
+            return None, f"{data_dir}: not read, no Google Cloud credentials here (see data.credentials)", ""
         try:
             return input_pipeline.read_manifest(data_dir, self.task, self.cfg.data), "", ""
         except UserError as error:  # its message says what is wrong; then, after "; ", the fix
@@ -322,6 +334,8 @@ class Context:
 
     @functools.cached_property
     def history(self) -> RunHistory:
+        if self.unreadable(self.cfg.runtime.output_dir):
+            return RunHistory()  # not read: see data.credentials
         return read_run_history(self.cfg.runtime.output_dir)
 
 

@@ -5,7 +5,9 @@ table an out-of-memory error names too)."""
 
 from __future__ import annotations
 
-from ..core import levers, memory, topology as topology_lib
+import math
+
+from ..core import levers, memory, utilisation, topology as topology_lib
 from .engine import Context, Verdict, fail, not_on_a_tpu, passed, skip, warn
 
 # The smallest per-replica batch a lever may go down to: XLA tiles the batch dimension by 8.
@@ -101,3 +103,38 @@ def verdict(ctx: Context) -> Verdict:
     if judged == "warn":
         return warn(found + ": close to the limit, and the estimate is not exact", fix)
     return fail(found + ": does not fit", fix)
+
+
+def _four_digits(value: float) -> str:
+    """`value` to 4 significant digits, without an exponent: 2,215 / 2.215 / 0.00002215."""
+    decimals = max(0, 3 - math.floor(math.log10(abs(value)))) if value else 0
+    return f"{value:,.{decimals}f}"
+
+
+def flops_verdict(ctx: Context) -> Verdict:
+    """The `model.flops` rule (registered in model.py): the model FLOPs of one optimizer step, as the
+    training log counts them (`utilisation.step_flops`: 3 x the forward pass's matrix multiplies per
+    example, times the examples of an update), from the memory plan's trace, and the step time they take at
+    the target's peak: the fastest the step can run (at 100% MFU)."""
+    if ctx.layers is None:
+        return skip("the model did not build (see model.build)")
+    if ctx.per_replica_batch is None:
+        return skip("the global batch does not divide (see batch.divisible)")
+    trace, _, _ = ctx.planner.traced(None, ctx.precision, ctx.per_replica_batch)
+    if trace.unknown_flops:
+        return passed(f"model FLOPs unknown: {'; '.join(trace.unknown_flops)}")
+    cfg = ctx.cfg
+    flops = trace.training_flops_per_example * cfg.effective_batch_size
+    found = (
+        f"{_four_digits(flops / 1e9)} GFLOP per optimizer step (3 x the forward pass's matrix multiplies "
+        f"of {cfg.effective_batch_size} examples; not counted: the loss's own, remat's recomputation, element-wise ops)"
+    )
+    peak, source = utilisation.peak_per_chip(ctx.target, ctx.precision, cfg.runtime.cache_dir)
+    if not peak:
+        return passed(f"{found}; no step time at peak: {source}")
+    chips = utilisation.chips(ctx.target)
+    seconds = flops / (chips * peak)
+    return passed(
+        f"{found}: at least {_four_digits(seconds * 1e3)} ms a step at {peak / 1e12:.4g} TFLOP/s per chip "
+        f"x {chips} chip{'s' if chips > 1 else ''} ({source}), the time at 100% MFU"
+    )

@@ -129,6 +129,11 @@ def model_memory(ctx: Context) -> Verdict:
     return memory.verdict(ctx)
 
 
+@rule("model.flops")
+def model_flops(ctx: Context) -> Verdict:
+    return memory.flops_verdict(ctx)
+
+
 @rule("model.precision")
 def model_precision(ctx: Context) -> Verdict:
     requested, kind = ctx.cfg.runtime.mixed_precision, ctx.target.kind

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from {{ cookiecutter.package }}.core.task import RawExample, RawRejection
 from {{ cookiecutter.package }}.tasks.__task__ import TASK
@@ -32,6 +33,30 @@ def test_standardisation_statistics_come_from_the_train_rows():
     np.testing.assert_allclose(statistics["feature_mean"], [2.0, 4.0])
     np.testing.assert_allclose(statistics["feature_std"], [np.std(range(5)), 2 * np.std(range(5))])
     assert statistics["target_mean"] == pytest.approx(12.0) and statistics["rows"] == 5
+
+
+def test_feature_noise_is_read_at_run_time_from_the_batch_key():
+    """data.feature_noise, given to parse_batch with the run's config: none at 0 and outside training;
+    in training each feature moves by that many of its standard deviations (the manifest's), the same
+    draws for the same batch key and others for another."""
+    std = [1.0, 4.0]
+    manifest = {"num_features": 2, "statistics": {"feature_mean": [0.0, 0.0], "feature_std": std}}
+    example = lambda i: RawExample(f"r{i}", float(i), {"features": [float(i), -float(i)], "target": float(i)})  # noqa: E731
+    records = [TASK.encode(example(i), DataConfig(num_features=2), {}, {})[0] for i in range(2000)]
+    serialized, key = tf.constant(records), tf.constant([1, 2], tf.int64)
+    clean = TASK.parse_batch(serialized, manifest)[0].numpy()
+
+    def parsed(noise, training=True, seed=key):
+        config = DataConfig(num_features=2, feature_noise=noise)
+        return TASK.parse_batch(serialized, manifest, training=training, seed=seed, data_config=config)[0].numpy()
+
+    np.testing.assert_array_equal(parsed(0.0), clean)
+    np.testing.assert_array_equal(parsed(0.5, training=False), clean)
+    moved = (parsed(0.5) - clean) / np.array(std)
+    np.testing.assert_allclose(moved.std(axis=0), [0.5, 0.5], rtol=0.06)  # 2,000 draws a feature: ~1.6% apart
+    np.testing.assert_array_equal(parsed(0.5), parsed(0.5))
+    assert not np.array_equal(parsed(0.5), parsed(0.5, seed=tf.constant([1, 3], tf.int64)))
+    assert DataConfig(feature_noise=-1.0).problem() == "data.feature_noise must be at least 0, got -1.0"
 
 
 def test_predict_reads_rows_without_a_target(tmp_path):

@@ -174,18 +174,23 @@ class ImageClassificationTask(ClassificationTask):
                 f"images; set data.image_encoding={encoding} or re-run `make preprocess` with "
                 f"data.image_encoding={data_config.image_encoding}"
             )
-        # parse_batch sees only the manifest, so this run's augmentation travels in it (and the
-        # export's copy of the manifest then records how the model was trained).
+        # This run's augmentation, in the manifest the export copies: it records how the model was trained.
         manifest["augmentation"] = {"min_crop_area": data_config.min_crop_area} if data_config.augment else None
 
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
-        augmentation = manifest.get("augmentation") if training else None
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None, data_config=None):
+        # The run's data.augment and data.min_crop_area, read at run time (no preprocessing again); a
+        # call of the task's own, without the config, follows what check_manifest recorded.
+        if data_config is not None:
+            augment, min_crop_area = training and data_config.augment, data_config.min_crop_area
+        else:
+            recorded = manifest.get("augmentation") if training else None
+            augment, min_crop_area = recorded is not None, (recorded or {}).get("min_crop_area", 1.0)
         return features.parse_batch(
             serialized,
             manifest["image_size"],
             _encoding(manifest),
-            augment=augmentation is not None,
-            min_crop_area=(augmentation or {}).get("min_crop_area", 1.0),
+            augment=augment,
+            min_crop_area=min_crop_area,
             seed=seed,
         )
 

@@ -16,7 +16,18 @@ class LanguageModelDataConfig(TextDataConfig):
     end-of-document id) and cuts them into windows of this many tokens, the targets shifted by one.
     A multiple of 128 on a TPU."""
 
+    max_document_windows: int = 0
+    """A document keeps at most this many windows of tokens (its first max_document_windows x
+    seq_len), so that one long document (a page of repeated text on one line) cannot become most of
+    the windows; 0 keeps every document whole. Preprocessing reports the largest documents' share of
+    the tokens and flags one over data.max_example_share."""
+
     min_seq_len: ClassVar[int] = 2  # a window needs a token to read and the next one to predict
+
+    def problem(self) -> str | None:
+        if self.max_document_windows < 0:
+            return f"data.max_document_windows must be 0 (no cap) or more, got {self.max_document_windows}"
+        return super().problem()
 
 
 @dataclass

@@ -69,11 +69,13 @@ class TokenMetric(keras.metrics.Metric):
         return {**super().get_config(), "kind": self.kind}
 
 
-def ngram_baselines(train, evaluation, vocab_size: int) -> dict[str, float]:
-    """Eval perplexity of two count models of the train targets, over the same targets the metric
-    counts: `unigram` (each token's frequency, add-one smoothed: no context) and `bigram` (the next
-    token's frequency after the current input token, interpolated with the unigram by Witten-Bell: a
-    context seen c times with t distinct next tokens keeps c / (c + t) of the weight)."""
+def ngram_baselines(train, evaluation, vocab_size: int) -> dict[str, dict[str, float]]:
+    """Eval perplexity and accuracy of two count models of the train targets, over the same targets
+    the metrics count: `unigram` (each token's frequency, add-one smoothed: no context) and `bigram`
+    (the next token's frequency after the current input token, interpolated with the unigram by
+    Witten-Bell: a context seen c times with t distinct next tokens keeps c / (c + t) of the weight).
+    Accuracy: how often each model's likeliest next token is the target (the unigram's is the most
+    frequent train token everywhere; the bigram's the likeliest of its interpolation)."""
     import numpy as np
 
     unigram, keys = np.zeros(vocab_size), []
@@ -88,8 +90,23 @@ def ngram_baselines(train, evaluation, vocab_size: int) -> dict[str, float]:
     followers = np.bincount(contexts, minlength=vocab_size)
     p_unigram = (unigram + 1.0) / (unigram.sum() + vocab_size)
     keep = np.divide(context_counts, context_counts + followers, out=np.zeros(vocab_size), where=context_counts > 0)
+    # Each context's likeliest next token: among its seen followers, or the unigram's favourite.
+    favourite = int(np.argmax(p_unigram))
+    best_p = (1.0 - keep) * p_unigram[favourite]  # the favourite unseen after the context
+    best_token = np.full(vocab_size, favourite)
+    pair_contexts, pair_tokens = contexts, pairs % vocab_size
+    pair_p = (
+        keep[pair_contexts] * pair_counts / np.maximum(context_counts[pair_contexts], 1.0)
+        + (1.0 - keep[pair_contexts]) * p_unigram[pair_tokens]
+    )
+    # Each seen context's best pair (likeliest, then the lowest token), against the unseen favourite.
+    order = np.lexsort((pair_tokens, -pair_p, pair_contexts))
+    first = order[np.r_[True, pair_contexts[order][1:] != pair_contexts[order][:-1]]] if len(order) else order
+    context, token, p = pair_contexts[first], pair_tokens[first], pair_p[first]
+    better = (p > best_p[context]) | ((p == best_p[context]) & (token < favourite))
+    best_token[context[better]] = token[better]
     log_unigram = log_bigram = 0.0
-    seen = 0
+    seen = right_unigram = right_bigram = 0
     for features, targets in evaluation:
         mask = targets != PAD_ID
         previous, current = features["inputs"][mask].astype(np.int64), targets[mask].astype(np.int64)
@@ -103,7 +120,12 @@ def ngram_baselines(train, evaluation, vocab_size: int) -> dict[str, float]:
         bigram = keep[previous] * following + (1.0 - keep[previous]) * p_unigram[current]
         log_unigram += float(np.log(p_unigram[current]).sum())
         log_bigram += float(np.log(bigram).sum())
+        right_unigram += int((current == favourite).sum())
+        right_bigram += int((best_token[previous] == current).sum())
         seen += len(current)
     if not seen:
         return {}
-    return {"unigram": math.exp(-log_unigram / seen), "bigram": math.exp(-log_bigram / seen)}
+    return {
+        "unigram": {"perplexity": math.exp(-log_unigram / seen), "accuracy": right_unigram / seen},
+        "bigram": {"perplexity": math.exp(-log_bigram / seen), "accuracy": right_bigram / seen},
+    }

@@ -140,7 +140,7 @@ class TextClassificationTask(ClassificationTask):
                 f"`make preprocess ARGS=data.truncation={data_config.truncation}`"
             )
 
-    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None):
+    def parse_batch(self, serialized, manifest: Manifest, training: bool = False, seed=None, data_config=None):
         return tokenizer.parse_batch(serialized, manifest["seq_len"])
 
     def padding_record(self, manifest: Manifest) -> bytes:
