@@ -228,7 +228,7 @@ def test_a_step_loss_with_gradient_accumulation_applies_the_mean_of_the_micro_ba
 
 def counted_loss(global_batch: bool):
     """Each pair's 4-way cross-entropy (of both towers' first 4 outputs) weighted by a count near 1
-    (1 +- 1%, from its features, as a masked language model counts its masked tokens); the weighted
+    (1 +- 1%, from its features, as a masked-token objective counts its masked tokens); the weighted
     sum divided by this replica's own total (each replica's mean), or by the global batch's
     (`global_mean`)."""
 

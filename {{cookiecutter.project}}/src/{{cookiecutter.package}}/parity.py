@@ -83,7 +83,7 @@ ROUNDING = 4 * float(np.finfo(np.float32).eps)
 # the same steps with each batch's examples reversed move it (`Curves.order`). Both are other orders of
 # the same sums (the replicas add their shares' partial sums; the reversal adds the rows backwards), and
 # how far one order lands from another varies with the order. `make parity` on the sample data (8 CPU
-# replicas, 6 steps): the language model's replicas moved its loss by 8.7e-8 and the reversal by
+# replicas, 6 steps): the next-token model's replicas moved its loss by 8.7e-8 and the reversal by
 # 8.7e-8; the text classifier's 6.9e-8 and 6.9e-8; the image model with synchronised batch
 # normalisation 2.9e-4 and 2.1e-4 (1.4x: its normalisation's variance cancels digits, and the
 # optimizer grows the rounding step after step; the bound grows with it). 4x leaves room for that

@@ -57,7 +57,7 @@ class DataConfig:
     read the files (input_pipeline.py)."""
     max_example_share: float = 0.05
     """Preprocessing flags an example that becomes more than this share of its split, by the task's
-    size statistic (`Task.size_statistic`: a language model's document, by the tokens its windows
+    size statistic (`Task.size_statistic`: a packed document, by the tokens its windows
     hold), with the fix: one document repeated thousands of times in one line can become most of what
     the model trains on. Reported, not refused."""
 

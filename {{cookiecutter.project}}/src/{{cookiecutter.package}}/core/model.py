@@ -67,7 +67,7 @@ class Weighted(NamedTuple):
 
 def global_mean(values, weights=None) -> Weighted:
     """Inside a step loss: the mean of `values` over the whole global batch, weighted by `weights`
-    (broadcast to `values`; 1 for every value that counts, 0 for the rest: a masked language model's
+    (broadcast to `values`; 1 for every value that counts, 0 for the rest: a masked-token objective's
     unmasked positions, evaluation's padding), from any replica. Return it as the step loss (or one of
     its entries).
 

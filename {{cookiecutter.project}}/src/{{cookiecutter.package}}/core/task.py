@@ -457,12 +457,12 @@ class Task(abc.ABC):
 
     size_statistic: str = ""
     """The name of a statistic `encode` returns for each example that says how much of its split the
-    example becomes (the language model's "document_tokens": its windows hold them). With it,
+    example becomes (a token count, when documents are packed into windows that hold the tokens). With it,
     preprocessing reports the largest examples' share of each split and flags one over
     `data.max_example_share`. Empty (the default): every example is one record, and none can
     dominate."""
     size_advice: str = ""
-    """The task's own key that caps one example's size, named in the flag (the language model's
+    """The task's own key that caps one example's size, named in the flag (for packed documents,
     `data.max_document_windows`)."""
 
     @abc.abstractmethod
