@@ -321,10 +321,10 @@ REGRESSION_METRICS = '''
 '''
 
 
-def committed_bake(tmp_path, project: str):
+def committed_bake(tmp_path, project: str, **answers):
     """A fresh bake, committed, so that `git status` shows what adding a task changed."""
     baked = bake(tmp_path, project=project, gcp_project="acme-ml-research", zone="us-central2-b",
-                 gcs_bucket="acme-tpu-data")
+                 gcs_bucket="acme-tpu-data", **answers)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=baked, check=True)
     subprocess.run([*git, "add", "-A"], cwd=baked, check=True)
@@ -452,4 +452,34 @@ def test_a_contrastive_dual_encoder_needs_no_edit_outside_its_package(set_up_pro
         "test_the_gathered_in_batch_loss_has_the_one_device_gradient_on_8_replicas",
         "test_training_lowers_the_eval_loss_and_keeps_the_best_headline",
         "test_the_export_alone_predicts",
+    } <= passed, f"the task's tests that passed: {sorted(passed)}"
+
+
+@pytest.mark.slow
+def test_a_task_copied_from_the_language_model_trains_beside_it_and_its_tests_pass(set_up_project, tmp_path):
+    """`make new-task NAME=... FROM=language_model` in a language-model bake, as a team starts a variant
+    (a masked-token objective on the same data, say): the copy writes its sample data, shards and run to
+    its own folders, trains, and its copied tests and the contract tests on it pass; nothing outside its
+    package, configs and test file changes."""
+    project = committed_bake(tmp_path, "lm-lab", task="language_model")
+    name = "masked_lm"
+    assert f"task {name} added" in make(project, "new-task", f"NAME={name}", "FROM=language_model")
+    config = f"CONFIG=configs/{name}/local.yaml"
+    make(project, "data", config, "SMALL=1")
+    make(project, "preprocess", config)
+    train = make(project, "train", config, "ARGS=train.total_steps=20 train.log_every=10 train.eval_every=20")
+    assert re.search(r"^step +20/20 ", train, re.MULTILINE), train[-3000:]
+    metrics = json.loads((project / f"runs/{name}/local/metrics.json").read_text())
+    assert metrics["global_step"] == 20 and metrics["perplexity"] > 0, metrics
+    manifest = json.loads((project / f"data/{name}/tfrecords/manifest.json").read_text())
+    assert manifest["task"] == name, manifest.get("task")
+    # Its own folders: the shipped task's data and runs untouched (none were made).
+    assert not (project / "data/raw").exists() and not (project / "data/tfrecords").exists()
+    assert not (project / "runs/local").exists()
+    passed = new_task_tests_pass(project, "lm_lab", name)
+    assert {
+        "test_parsed_batches_have_static_shapes_and_encoding_is_deterministic",
+        "test_training_lowers_the_eval_loss_and_keeps_the_best_headline",
+        "test_packing_loses_and_duplicates_no_token",
+        "test_the_export_scores_as_the_trained_model",
     } <= passed, f"the task's tests that passed: {sorted(passed)}"

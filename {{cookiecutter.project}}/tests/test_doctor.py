@@ -212,7 +212,7 @@ def test_float32_on_a_tpu_warns(data_dir, tmp_path):
 
 
 def test_the_flops_rule_gives_the_training_logs_count_and_the_time_at_the_chips_peak(data_dir, tmp_path):
-    """model.flops on a TPU target (the project's v4-8: 4 chips of 275 TFLOP/s bfloat16): the FLOPs
+    """model.flops on a TPU target (a v4-8, whatever the project's type: 4 chips of 275 TFLOP/s bfloat16): the FLOPs
     that the training log divides (utilisation.step_flops of the model as training builds it, counted
     from its own trace, not the plan's), and the time they take at the 4 chips' peak; with gradient
     accumulation of 2, twice the examples of an update and twice the FLOPs."""
@@ -222,7 +222,7 @@ def test_the_flops_rule_gives_the_training_logs_count_and_the_time_at_the_chips_
     from {{ cookiecutter.package }}.core.model import build_model
 
     def rule_figures(*overrides: str) -> tuple[float, int, float]:
-        rule = check(data_dir, *overrides, tmp_path=tmp_path, target="tpu")["model.flops"]
+        rule = check(data_dir, *overrides, tmp_path=tmp_path, target="tpu", tpu_type="v4-8")["model.flops"]
         found = re.fullmatch(
             r"([0-9.,]+) GFLOP per optimizer step \(3 x the forward pass's matrix multiplies of (\d+) examples; not "
             r"counted: .*\): at least ([0-9.,]+) ms a step at 275 TFLOP/s per chip x 4 chips \(v4 bfloat16 peak .*\), "
@@ -236,7 +236,7 @@ def test_the_flops_rule_gives_the_training_logs_count_and_the_time_at_the_chips_
     def training_count(*overrides: str) -> float:
         base = [f"data.dir={data_dir}", *DATA_OVERRIDES, f"runtime.cpu_devices={REPLICAS}", *overrides]
         cfg = config.load(str(CONFIGS / "local.yaml"), base, registry=tasks)
-        task, target = tasks.load(tasks.DEFAULT), engine.resolve_target(cfg, target="tpu")
+        task, target = tasks.load(tasks.DEFAULT), engine.resolve_target(cfg, target="tpu", tpu_type="v4-8")
         model = build_model(cfg, task, input_pipeline.read_manifest(str(data_dir), task, cfg.data))
         flops, unknown = utilisation.step_flops(model, cfg, target)
         assert not unknown
