@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import keyword
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
+
+import yaml
 
 from . import tasks
 from .core.errors import UserError, run_cli
@@ -131,9 +132,11 @@ def copy_plan(name: str, source: str, project: Path = PROJECT) -> dict[Path, str
         files[project / "tests" / f"test_task_{name}.py"] = renamed(test.read_text(), source, name)
     configs, own = source_configs(source, project)
     for file_name, path in configs.items():
-        text = with_own_paths(path.read_text() if own else renamed(path.read_text(), source, name), name)
+        text = path.read_text()
         if own and file_name == "base.yaml":
-            text = base_delta(path.read_text(), source, name)
+            text = base_delta(text, source, name)
+        else:
+            text = with_own_paths(text if own else renamed(text, source, name), name)
         files[project / "configs" / name / file_name] = text
     return files
 
@@ -147,24 +150,12 @@ def base_delta(base: str, source: str, name: str) -> str:
         "extends: ../base.yaml",
         f"task: {name}",
     ]
-    for section, keys in PATH_KEYS.items():
-        values = section_values(base, section, keys)
+    keys = yaml.safe_load(base)
+    for section, names in PATH_KEYS.items():
+        values = [(key, value) for key, value in (keys.get(section) or {}).items() if key in names and value]
         if values:
-            lines += [f"{section}:", *(f"  {key}: {own_path(value, name)}" for key, value in values)]
+            lines += [f"{section}:", *(f"  {key}: {own_path(str(value), name)}" for key, value in values)]
     return "\n".join(lines) + "\n"
-
-
-def section_values(text: str, section: str, keys: tuple) -> list[tuple[str, str]]:
-    """(key, value) of `keys` written under the top-level `section:` of a config file's text."""
-    found, current = [], None
-    for line in text.splitlines():
-        top = re.match(r"([a-z_]+):", line)
-        if top:
-            current = top.group(1)
-        key = re.match(r"\s+([a-z_]+):\s*([^\s#]+)", line)
-        if key and not top and current == section and key.group(1) in keys:
-            found.append((key.group(1), key.group(2)))
-    return found
 
 
 def create_from(name: str, source: str, project: Path = PROJECT) -> list[Path]:
@@ -174,17 +165,9 @@ def create_from(name: str, source: str, project: Path = PROJECT) -> list[Path]:
     existing = [destination for destination in files if destination.exists()]
     if existing:
         raise UserError(f"{existing[0]} exists already; remove it or pick another NAME")
-    written = []
-    try:
-        for destination, text in files.items():
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            destination.write_text(text)
-            written.append(destination)
-    except OSError:
-        for path in written:
-            path.unlink(missing_ok=True)
-        shutil.rmtree(PACKAGE_DIR / "tasks" / name, ignore_errors=True)
-        raise
+    for destination, text in files.items():
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_text(text)
     return sorted(files)
 
 
