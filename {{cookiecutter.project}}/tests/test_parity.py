@@ -16,6 +16,7 @@ from {{ cookiecutter.package }}.core.keras import keras
 from {{ cookiecutter.package }}.core.model import TaskModel, gather, global_mean, replica_offset
 
 BATCH, STEPS = 64, 3
+pytestmark = pytest.mark.usefixtures("seeded_weights")  # each verdict the same every run
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from {{ cookiecutter.package }} import parity
 from {{ cookiecutter.package }}.core.keras import keras
 
 BATCH, STEPS = 64, 3
+pytestmark = pytest.mark.usefixtures("seeded_weights")  # each verdict the same every run
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +111,9 @@ def verdict(curves: parity.Curves) -> list[str]:
 
 @pytest.mark.parametrize("draw", ["unseeded", "seeded", "generator"])
 def test_a_noise_layer_of_the_models_own_is_named_and_gets_no_verdict(strategy, batches, draw):
-    curves = parity.compare(classifier(draw), batches, one_device(), strategy)
-    # The noise is small: the curves stay within the tolerance, where the comparison alone would agree.
+    curves = parity.compare(classifier(draw), batches, one_device(), strategy, tolerance=1e-3)
+    # The noise is small: the curves stay within --tolerance 1e-3, where the comparison alone would agree
+    # (5e-6 to 3e-5 apart over seeds 0-5, by chance: no bound measured from the reorderings holds them).
     assert curves.parting_step is None, curves
     assert curves.draws_random_numbers, curves  # noise > parity.ROUNDING
     op = "RngReadAndSkip" if draw == "generator" else "RandomUniform"
