@@ -90,10 +90,15 @@ def test_background_saves_rotate_and_each_holds_the_weights_of_its_step(float32_
     # Four saves, each timed once; the last save's wait for step 8's files is added to step 8's.
     assert len(report.checkpoint_blocking_seconds) == 4 and len(report.checkpoint_write_seconds) == 4
     assert report.checkpoint_blocking_seconds[:3] == held[:3] and report.checkpoint_blocking_seconds[3] >= held[3]
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoint")]
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if line.startswith("checkpoint")]
     assert [re.sub(r"[\d.]+ s$", "X s", line) for line in lines] == [
         f"checkpoint at step {step} saving in the background: training held X s" for step in (2, 4, 6, 8)
     ]
+    # Step 2 is the first boundary and a save: what it held is the set-up's seconds and the save's.
+    (set_up,) = re.findall(r"^background checkpoint saves set up at step 2: training held ([\d.]+) s", printed, re.M)
+    saved = float(re.search(r"held ([\d.]+) s$", lines[0])[1])
+    assert float(set_up) > 0.001 and held[0] >= float(set_up) + saved - 0.001  # each printed to 3 places
 
 
 class CopyTraces(callbacks.BetweenExecutions):

@@ -292,6 +292,43 @@ def test_the_export_alone_predicts(contract_run, sample, tmp_path, monkeypatch):
     lines = [predict.line(name, fields) for name, fields in rows]
     assert all(line.endswith(name) and line.count("\t") == len(fields) for line, (name, fields) in zip(lines, rows))
 
+    # Served one at a time: the same predictions, in as many calls as there are examples.
+    monkeypatch.undo()
+    assert len(names) >= 2, "the task's testing inputs are too few to be served in parts"
+    load, calls = predict.load_export, []
+
+    def counted_export(run_dir):
+        serve, *rest = load(run_dir)
+        return (lambda *args, **kwargs: calls.append(1) or serve(*args, **kwargs)), *rest
+
+    monkeypatch.setattr(predict, "load_export", counted_export)
+    parts = predict.predict(str(moved), inputs, batch_size=1)
+    assert len(calls) == len(names)
+    assert [name for name, _ in parts] == names
+    for (_, whole), (_, part) in zip(rows, parts):
+        assert list(whole) == list(part)
+        for key in whole:
+            assert part[key] == (pytest.approx(whole[key], rel=1e-4) if isinstance(whole[key], float) else whole[key])
+
+    # Out of device memory serving them: one line with how many went at once, and fewer.
+    def exhausted_export(run_dir):
+        _, *rest = load(run_dir)
+
+        def serve(*args, **kwargs):
+            raise tf.errors.ResourceExhaustedError(None, None, "Ran out of memory in memory space hbm")
+
+        return serve, *rest
+
+    monkeypatch.setattr(predict, "load_export", exhausted_export)
+    with pytest.raises(UserError) as raised:
+        predict.main(["--run", str(moved), "--batch", "8", *inputs])
+    served = min(8, len(names))
+    assert str(raised.value) == (
+        f"out of device memory serving {served} examples at once (Ran out of memory in memory space hbm); serve "
+        f"fewer at a time: make predict PREDICT_BATCH={max(1, served // 4)} (python -m {predict.__package__}.predict "
+        f"--batch {max(1, served // 4)})"
+    )
+
 
 # The classifiers (tasks/classification.py): only they serve a class and its probability. A project
 # without one collects no such test (nothing to skip); a classifier added later brings it back.

@@ -211,6 +211,38 @@ def test_float32_on_a_tpu_warns(data_dir, tmp_path):
     assert rule.status == engine.WARN and rule.fix == "runtime.mixed_precision=bfloat16"
 
 
+def test_the_plan_holds_the_configs_own_gradient_accumulator(data_dir, tmp_path):
+    """train.gradient_accumulation_steps=2: the plan (the core's, and the doctor's memory rule's) holds
+    an accumulator the size of the trainable weights in float32, counted here from the model training
+    builds; at 1, none. Everything else in the plan is the same: accumulation does not change the
+    micro-batch of a replica."""
+    from {{ cookiecutter.package }}.core import input_pipeline, memory
+    from {{ cookiecutter.package }}.core.model import build_model
+    from {{ cookiecutter.package }}.doctor import memory as memory_rule
+
+    def plans(accumulation: int):
+        base = [f"data.dir={data_dir}", *DATA_OVERRIDES, f"runtime.cpu_devices={REPLICAS}"]
+        cfg = config.load(
+            str(CONFIGS / "local.yaml"), [*base, f"train.gradient_accumulation_steps={accumulation}"], registry=tasks
+        )
+        task = tasks.load(tasks.DEFAULT)
+        ctx = engine.Context(cfg, task, engine.resolve_target(cfg, target="tpu", tpu_type="v4-8"))
+        manifest = input_pipeline.read_manifest(str(data_dir), task, cfg.data)
+        core = memory.estimate_for(cfg, task, manifest, ctx.per_replica_batch, 2**34)
+        rule = check(data_dir, f"train.gradient_accumulation_steps={accumulation}", tmp_path=tmp_path, tpu_type="v4-8")[
+            "model.memory"
+        ]
+        return core, memory_rule.Planner(ctx, 2**34).plan(), rule, cfg, task, manifest
+
+    core, doctor_plan, rule, cfg, task, manifest = plans(2)
+    trainable = sum(int(weight.shape.num_elements()) for weight in build_model(cfg, task, manifest).trainable_weights)
+    assert core.accumulator == doctor_plan.accumulator == 4 * trainable > 0
+    assert "accumulator" in rule.message
+    single, single_doctor, single_rule, *_ = plans(1)
+    assert single.accumulator == single_doctor.accumulator == 0 and "accumulator" not in single_rule.message
+    assert core.total == single.total + 4 * trainable and doctor_plan.total == single_doctor.total + 4 * trainable
+
+
 def test_the_flops_rule_gives_the_training_logs_count_and_the_time_at_the_chips_peak(data_dir, tmp_path):
     """model.flops on a TPU target (a v4-8, whatever the project's type: 4 chips of 275 TFLOP/s bfloat16): the FLOPs
     that the training log divides (utilisation.step_flops of the model as training builds it, counted

@@ -75,6 +75,100 @@ def test_a_loop_of_unknown_length_is_named_in_the_flops_the_lines_metrics_and_th
     assert known.describe_rate(0.2).strip() == "0.0005000 TFLOP/s/chip"
 
 
+class Repeated(layers.Layer):
+    """Multiplies its input by a square kernel once per trip of a tf.while_loop whose counter starts
+    at `start`, moves by `advance` and runs while `condition` holds."""
+
+    def __init__(self, start, advance, condition, **kwargs):
+        super().__init__(**kwargs)
+        self.start, self.advance, self.condition = start, advance, condition
+
+    def build(self, shape):
+        self.kernel = self.add_weight(name="kernel", shape=(shape[-1], shape[-1]))
+
+    def call(self, x):
+        step = lambda i, y: (self.advance(i), tf.matmul(y, self.kernel))  # noqa: E731
+        return tf.while_loop(lambda i, _: self.condition(i), step, (tf.constant(self.start), x))[1]
+
+
+class Branching(layers.Layer):
+    """An If (two branches) or a Case (more) on the data, each branch multiplying its input by a
+    square kernel as many times as `costs` says."""
+
+    def __init__(self, costs, **kwargs):
+        super().__init__(**kwargs)
+        self.costs = costs
+
+    def build(self, shape):
+        self.kernel = self.add_weight(name="kernel", shape=(shape[-1], shape[-1]))
+
+    def call(self, x):
+        def branch(count):
+            def multiplied():
+                y = x
+                for _ in range(count):
+                    y = tf.matmul(y, self.kernel)
+                return y
+
+            return multiplied
+
+        index = tf.cast(tf.reduce_sum(x) > 0, tf.int32)  # known only when it runs
+        if len(self.costs) == 2:
+            return tf.cond(index > 0, branch(self.costs[0]), branch(self.costs[1]))
+        return tf.switch_case(index, [branch(count) for count in self.costs])
+
+
+def counted(layer, batch: int = 4):
+    """The forward FLOPs of Input(SIDE) -> `layer`, and one multiply's by hand."""
+    inputs = keras.Input((SIDE,), name="features")
+    return memory.count_forward(keras.Model(inputs, layer(inputs), name="looped"), batch), 2 * batch * SIDE * SIDE
+
+
+SIDE = 8
+LOOPS = {  # a loop's counter: start, how it moves, the condition; the trips by hand
+    "i < 5": (0, lambda i: i + 1, lambda i: i < 5, 5),
+    "i <= 5": (0, lambda i: i + 1, lambda i: i <= 5, 6),
+    "i < 7, by 2": (0, lambda i: i + 2, lambda i: i < 7, 4),
+    "i <= 6, by 2": (0, lambda i: i + 2, lambda i: i <= 6, 4),
+    "5 > i (the counter on the right)": (0, lambda i: i + 1, lambda i: tf.greater(5, i), 5),
+    "5 >= i": (0, lambda i: i + 1, lambda i: tf.greater_equal(5, i), 6),
+    "i > 0, down": (5, lambda i: i - 1, lambda i: i > 0, 5),
+    "i >= 0, down": (5, lambda i: i - 1, lambda i: i >= 0, 6),
+    "0 < i, down by 2": (7, lambda i: i - 2, lambda i: tf.less(0, i), 4),
+    "i != 6, by 2": (0, lambda i: i + 2, lambda i: tf.not_equal(i, 6), 3),
+    "i != 0, down by 3": (9, lambda i: i - 3, lambda i: tf.not_equal(0, i), 3),
+    "i < 5 and i < 3": (0, lambda i: i + 1, lambda i: tf.logical_and(i < 5, i < 3), 3),
+    "i < 0 (never runs)": (0, lambda i: i + 1, lambda i: i < 0, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_a_loops_body_is_counted_once_per_trip_whatever_its_condition(name):
+    start, advance, condition, trips = LOOPS[name]
+    count, multiply = counted(Repeated(start, advance, condition, name="repeated"))
+    assert count.unknown == () and count.counted == trips * multiply, name
+
+
+@pytest.mark.parametrize(
+    "name, advance, condition",
+    [
+        ("i != 5, by 2 (steps over 5)", lambda i: i + 2, lambda i: tf.not_equal(i, 5)),
+        ("i > 0, up (runs on)", lambda i: i + 1, lambda i: i >= 0),
+        ("i < 5, by a product", lambda i: i * 2 + 1, lambda i: i < 5),
+    ],
+)
+def test_a_loop_whose_trips_cannot_be_read_is_named_not_guessed(name, advance, condition):
+    count, _ = counted(Repeated(0, advance, condition, name="repeated"))
+    assert count.unknown == ("a loop of unknown length in looped/repeated",), name
+
+
+@pytest.mark.parametrize("costs", [(2, 1), (1, 3), (1, 3, 2), (3, 1, 2), (1, 2, 4)])
+def test_a_branch_is_counted_by_its_costliest_side(costs):
+    """Which branch runs is known only when it runs: the plan is for the worst one."""
+    count, multiply = counted(Branching(costs, name="branching"))
+    assert count.unknown == () and count.counted == max(costs) * multiply
+
+
 @pytest.mark.parametrize("policy, size", [("float32", 4), ("bfloat16", 2)])
 def test_the_plan_keeps_what_an_lstm_stacks_for_its_backward_pass(policy, size):
     """The hand count, from the LSTM's equations: the gradient of a step reads its input x_t and

@@ -11,14 +11,19 @@ import traceback
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_config
-from {{ cookiecutter.package }} import evaluate, tasks
+from conftest import REPLICAS, config_file, tiny_config
+from {{ cookiecutter.package }} import evaluate, parity, tasks
 from {{ cookiecutter.package }}.core import config, levers, memory, trainer
 from {{ cookiecutter.package }}.core.errors import UserError
 
 
 def run_out_of_memory():
     raise MemoryError("Ran out of memory in memory space hbm")
+
+
+# What the one line quotes of TensorFlow's error: its line that says what ran out, not the first
+# ("Graph execution error:", then the frames of the graph's traceback).
+MEMORY_ERROR = "MemoryError: Ran out of memory in memory space hbm"
 
 
 def exhausting(build, step: str):
@@ -39,16 +44,19 @@ def exhausting(build, step: str):
     return build_exhausting
 
 
-def assert_one_line(raised: pytest.ExceptionInfo, cfg, *where: tuple[str, str]) -> None:
-    """The UserError is the one line (estimate and levers), and the error it replaces was raised
-    through each (file, function) of `where`."""
+def assert_one_line(raised: pytest.ExceptionInfo, cfg, *where: tuple[str, str], precision: str = "float32") -> None:
+    """The UserError is the one line (estimate and levers, those of the run's `precision`), and the
+    error it replaces was raised through each (file, function) of `where`."""
     message = str(raised.value)
     assert "\n" not in message
-    assert message.startswith(f"out of device memory at {cfg.train.global_batch_size // 8} examples per replica (")
+    assert message.startswith(
+        f"out of device memory at {cfg.train.global_batch_size // 8} examples per replica ({MEMORY_ERROR}); "
+    )
     assert "; the step needs about " in message and " per replica (weights " in message
-    assert "runtime.mixed_precision=bfloat16 (" in message  # the run is float32
+    # bfloat16 is a lever of a float32 run only.
+    assert ("runtime.mixed_precision=bfloat16 (" in message) == (precision == "float32")
     assert message.endswith(
-        f"`make doctor` shows the plan and what each lever saves: {levers.describe(cfg, 'float32')}"
+        f"`make doctor` shows the plan and what each lever saves: {levers.describe(cfg, precision)}"
     )
     error = raised.value.__context__
     assert isinstance(error, tf.errors.ResourceExhaustedError)
@@ -59,9 +67,9 @@ def assert_one_line(raised: pytest.ExceptionInfo, cfg, *where: tuple[str, str]) 
     assert set(where) <= frames, f"not raised through {sorted(set(where) - frames)}"
 
 
-def exhausting_config(data_dir, output_dir, *overrides):
-    # float32: the levers include bfloat16, whatever this CPU would choose.
-    return tiny_config(data_dir, output_dir, "runtime.mixed_precision=float32", *overrides)
+def exhausting_config(data_dir, output_dir, *overrides, precision: str = "float32"):
+    # float32 by default: the levers include bfloat16, whatever this CPU would choose.
+    return tiny_config(data_dir, output_dir, f"runtime.mixed_precision={precision}", *overrides)
 
 
 def test_out_of_memory_during_calibration_is_one_line(data_dir, tmp_path, monkeypatch):
@@ -76,12 +84,14 @@ def test_out_of_memory_during_calibration_is_one_line(data_dir, tmp_path, monkey
     )
 
 
-def test_out_of_memory_in_the_first_execution_is_one_line(data_dir, tmp_path, monkeypatch):
-    cfg = exhausting_config(data_dir, tmp_path)
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_out_of_memory_in_the_first_execution_is_one_line(data_dir, tmp_path, monkeypatch, precision):
+    """In bfloat16 (a TPU's run) the line offers no bfloat16: the levers are the precision's that runs."""
+    cfg = exhausting_config(data_dir, tmp_path, precision=precision)
     monkeypatch.setattr(trainer, "build_model", exhausting(trainer.build_model, "train_step"))
     with pytest.raises(UserError) as raised:
         trainer.train(cfg, tasks.load(cfg.task))
-    assert_one_line(raised, cfg, ("trainer.py", "fit"))
+    assert_one_line(raised, cfg, ("trainer.py", "fit"), precision=precision)
 
 
 def test_out_of_memory_in_a_periodic_evaluation_is_one_line(data_dir, tmp_path, monkeypatch):
@@ -116,6 +126,57 @@ def test_out_of_memory_in_the_final_evaluation_make_eval_and_the_export_is_one_l
     with pytest.raises(UserError) as raised:
         trainer.train(config.load(str(tmp_path / "config.yaml"), registry=tasks), tasks.load(cfg.task))
     assert_one_line(raised, cfg, ("trainer.py", "finish"), ("run_dir.py", "export"))
+
+
+def test_out_of_memory_in_parity_is_one_line_with_the_one_device_side_planned(data_dir, tmp_path, monkeypatch):
+    """Parity's one-device side trains the whole global batch on one replica's memory: the line plans
+    that (float32, 32 examples) and gives the global batch one replica holds (32 // 8 // 8 x 8 is 0:
+    at least one example per replica, 8)."""
+    monkeypatch.setattr(parity, "build_model", exhausting(parity.build_model, "train_step"))
+    overrides = [*tasks.load(tasks.DEFAULT).testing().overrides, "train.global_batch_size=32"]
+    base = [f"data.dir={data_dir}", f"runtime.output_dir={tmp_path}", f"runtime.cpu_devices={REPLICAS}"]
+    with pytest.raises(UserError) as raised:
+        parity.main(["--config", str(config_file(tasks.DEFAULT)), "--steps", "1", *base, *overrides])
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"out of device memory in parity ({MEMORY_ERROR}); ")
+    cfg = tiny_config(data_dir, tmp_path, "runtime.mixed_precision=float32", "train.gradient_accumulation_steps=1")
+    planned = memory.estimate_for(cfg, tasks.load(cfg.task), parity_manifest(cfg), 32, 0)
+    assert (
+        "its one-device side trains each global batch of 32 examples on one replica's memory in float32: that needs "
+        f"about {memory.gib(planned.total)} ({planned.breakdown()}); check with a global batch that one replica "
+        "holds: make parity ARGS=train.global_batch_size=8"
+    ) in message
+    error = raised.value.__context__
+    assert isinstance(error, tf.errors.ResourceExhaustedError)
+    frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(error.__traceback__)}
+    assert {"main", "compare"} <= frames
+
+
+def parity_manifest(cfg) -> dict:
+    from {{ cookiecutter.package }}.core import input_pipeline
+
+    return input_pipeline.read_manifest(cfg.data.dir, tasks.load(cfg.task), cfg.data)
+
+
+def test_the_line_quotes_what_ran_out_not_the_traceback_around_it():
+    """A TPU's compile-time out-of-memory error on 2 replicas, as TensorFlow words it: the line quotes the
+    first replica's news without its number and status; a plain error its first line; an empty one its type."""
+    news = (
+        "XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 16.97G of 15.48G hbm. "
+        "Exceeded hbm capacity by 1.49G."
+    )
+    tpu = (
+        "Graph execution error:\n\nDetected at node train_step defined at (most recent call last):\n"
+        '  File "train.py", line 3, in <module>\n\n2 root error(s) found.\n'
+        f"  (0) RESOURCE_EXHAUSTED: {news}\n  (1) RESOURCE_EXHAUSTED: {news}\n"
+    )
+    exhausted = lambda message: tf.errors.ResourceExhaustedError(None, None, message)  # noqa: E731
+    assert levers.first_line(exhausted(tpu)) == news
+    assert levers.first_line(exhausted("OOM when allocating tensor with shape[8,1024]\nmore")) == (
+        "OOM when allocating tensor with shape[8,1024]"
+    )
+    assert levers.first_line(exhausted("x" * 200)) == "x" * 160
+    assert levers.first_line(exhausted("")) == "ResourceExhaustedError"
 
 
 def test_the_levers_are_those_the_config_does_not_use_yet():

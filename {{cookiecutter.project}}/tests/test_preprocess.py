@@ -613,6 +613,23 @@ def test_the_input_size_is_the_bytes_of_the_listed_files(raw_dir, gcs_bucket, gc
     assert not gcs_bucket.blocked_requests()
 
 
+def test_listed_files_outside_the_folder_count_at_the_mean_size_of_those_inside(tmp_path):
+    """A CSV index may name files anywhere: the size is one listing of the folder, so files outside it
+    are not opened (on gs:// that would be a request each) and count at the mean of the others."""
+    from {{ cookiecutter.package }}.core.task import Listing
+
+    root, elsewhere = tmp_path / "raw", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    for folder, name, size in ((root, "a.bin", 100), (root, "b.bin", 301), (elsewhere, "c.bin", 5000)):
+        (folder / name).write_bytes(b"x" * size)
+    outside = [str(elsewhere / "c.bin"), str(elsewhere / "d.bin")]  # d.bin is not even there
+    size = preprocessing.input_size(str(root), Listing(["a.bin", "b.bin", *outside]))
+    assert size == preprocessing.InputSize(4, 802)  # the two outside at the mean, 200.5 bytes each
+    assert preprocessing.input_size(str(root), Listing(["a.bin", "b.bin"])) == preprocessing.InputSize(2, 401)
+    assert preprocessing.input_size(str(root), Listing(outside)) == preprocessing.InputSize(2, 0)  # nothing to scale
+
+
 PROCESS_REPORT = """import atexit, os, sys
 
 

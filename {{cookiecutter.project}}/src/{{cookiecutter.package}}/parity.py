@@ -18,6 +18,9 @@ its second half first, which makes every sum over the batch in another order and
 replaces that bound, and the verdict says so. The initial weights come from `runtime.seed`: the same
 command gives the same verdict.
 
+The one-device side trains the whole global batch on one replica's memory: running out of it is one
+line with that side's plan and a global batch one replica holds (`out_of_memory`).
+
 The comparison means something only if the one-device run repeats itself: parity trains the same
 steps again on the same model, from the same trainable weights and optimizer state (the same traced
 step, whose random generators carry on, and so does any other state the model keeps in non-trainable
@@ -63,7 +66,7 @@ import tensorflow as tf
 
 from . import tasks
 from .core import config as config_lib
-from .core import distribute, input_pipeline, precision, recompute
+from .core import distribute, input_pipeline, levers, memory, precision, recompute
 from .core.errors import UserError, run_cli
 from .core.keras import keras
 from .core.model import build_model, compile_model
@@ -592,6 +595,38 @@ def report(curves: Curves, synchronised: Curves | None, mixed: list[float] | Non
     return lines
 
 
+def out_of_memory(cfg: config_lib.Config, task, manifest: dict, target, error: Exception) -> str:
+    """One line for parity running out of device memory: the one-device side trains the whole global
+    batch on one replica's memory in float32, so it needs far more than a replica of the run; the
+    estimate of that (core/memory.py), and the same check with a global batch that one replica holds
+    (any batch of at least one example per replica shows an objective that depends on the split)."""
+    batch, replicas = cfg.train.global_batch_size, target.replicas
+    smaller = max(replicas, batch // replicas // replicas * replicas)
+    hbm = levers.replica_hbm_bytes(target)
+    float32 = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mixed_precision="float32"))
+    try:
+        plan = memory.estimate_for(float32, task, manifest, batch, hbm)
+        estimate = f"that needs about {memory.gib(plan.total)} ({plan.breakdown()})"
+        if hbm:
+            estimate += f" of a replica's {memory.gib(hbm)} HBM"
+    except Exception as failure:  # noqa: BLE001 - the estimate is a help; the error is the news
+        estimate = f"no estimate ({type(failure).__name__})"
+    return (
+        f"out of device memory in parity ({levers.first_line(error)}); its one-device side trains each global "
+        f"batch of {batch} examples on one replica's memory in float32: {estimate}; check with a global batch "
+        f"that one replica holds: make parity ARGS=train.global_batch_size={smaller}"
+    )
+
+
+@contextlib.contextmanager
+def out_of_memory_reported(cfg: config_lib.Config, task, manifest: dict, target):
+    """Running out of device memory inside the block is `out_of_memory`'s one line (a UserError)."""
+    try:
+        yield
+    except tf.errors.ResourceExhaustedError as error:
+        raise UserError(out_of_memory(cfg, task, manifest, target, error)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     def add_arguments(parser):
         parser.add_argument("--steps", type=int, default=6, help="global batches to train on each side")
@@ -634,7 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     precision.set_policy("float32")
-    with deterministic_kernels(determinism):
+    with out_of_memory_reported(cfg, task, manifest, target), deterministic_kernels(determinism):
         curves = compare(make_model, batches, single_device(target), target.strategy, args.tolerance)
     curves.op_determinism = determinism
     if off[0]:
@@ -651,13 +686,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             synchronise_norms(model)
             return model
 
-        with deterministic_kernels(determinism):
+        with out_of_memory_reported(cfg, task, manifest, target), deterministic_kernels(determinism):
             synchronised = compare(make_synchronised, batches, single_device(target), target.strategy, args.tolerance)
     mixed = None
     # The run's own precision, from the same weights on one device (random numbers would hide its effect).
     if chosen == "bfloat16" and not curves.draws_random_numbers:
         precision.set_policy("bfloat16")
-        with deterministic_kernels(determinism):
+        with out_of_memory_reported(cfg, task, manifest, target), deterministic_kernels(determinism):
             mixed, _, _ = train_curve(make_model, single_device(target), curves.initial, batches)
     for line in report(curves, synchronised, mixed, chosen):
         print(line, flush=True)

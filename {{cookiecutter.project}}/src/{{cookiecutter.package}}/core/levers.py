@@ -7,6 +7,7 @@ the advice a failed run gives is the advice the plan gives.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -86,7 +87,7 @@ def describe(cfg, precision: str) -> str:
 def out_of_memory(cfg, task, manifest: dict, target: Target, error: Exception) -> str:
     """One line for a step that ran out of device memory: the estimate of what it needs (the model
     planned from its shapes, core/memory.py), the device's memory and the levers."""
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    first = first_line(error)
     per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
     hbm = replica_hbm_bytes(target)
     try:
@@ -100,6 +101,21 @@ def out_of_memory(cfg, task, manifest: dict, target: Target, error: Exception) -
         f"out of device memory at {per_replica} examples per replica ({first}); {estimate}; "
         f"`make doctor` shows the plan and what each lever saves: {describe(cfg, cfg.runtime.mixed_precision)}"
     )
+
+
+# What TensorFlow's error says around its news: a graph's traceback ('Graph execution error:',
+# 'Detected at node ...', its frames), the count of replicas that failed ('8 root error(s) found.'),
+# and before each replica's error its number and status ('  (0) RESOURCE_EXHAUSTED: ').
+_AROUND = re.compile(r"^(Graph execution error|Detected at node|File |\d+ root error\(s\) found)")
+_REPLICA = re.compile(r"^\(\d+\)\s*(RESOURCE_EXHAUSTED:)?\s*")
+
+
+def first_line(error: Exception) -> str:
+    """The line of TensorFlow's error that says what ran out, at most 160 characters: its first that
+    is not around the news (`_AROUND`), without a replica's number (`_REPLICA`)."""
+    lines = [_REPLICA.sub("", line.strip()) for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if line and not _AROUND.match(line)]
+    return (said or lines or [type(error).__name__])[0][:160]
 
 
 def replica_hbm_bytes(target: Target) -> int:

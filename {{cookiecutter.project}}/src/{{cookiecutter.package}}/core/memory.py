@@ -356,7 +356,13 @@ def _kept_bytes(tensor) -> int:
 # the sequence, or the loop's maximum_iterations). The gradient of a loop reads what its forward
 # pass pushed on a stack at every iteration (while_v2's accumulators): what the step keeps.
 
-_COMPARISONS = {"Less": "Greater", "LessEqual": "GreaterEqual", "Greater": "Less", "GreaterEqual": "LessEqual"}
+_COMPARISONS = {  # each comparison, and the same read from its right side
+    "Less": "Greater",
+    "LessEqual": "GreaterEqual",
+    "Greater": "Less",
+    "GreaterEqual": "LessEqual",
+    "NotEqual": "NotEqual",
+}
 _ARITHMETIC = {
     "Add": np.add,
     "AddV2": np.add,
@@ -530,6 +536,8 @@ def _iterations(start: int, step: int, end: int, comparison: str) -> int | None:
         return max(0, -((start - end) // step) if comparison == "Less" else (end - start) // step + 1)
     if comparison in ("Greater", "GreaterEqual") and step < 0:
         return max(0, -((end - start) // -step) if comparison == "Greater" else (start - end) // -step + 1)
+    if comparison == "NotEqual" and (end - start) % step == 0 and (end - start) // step >= 0:
+        return (end - start) // step  # a counter that lands on `end` (one that steps over it never stops)
     return None
 
 
