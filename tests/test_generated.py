@@ -28,9 +28,27 @@ def set_up_project(default_project):
     return default_project
 
 
+# A bake's test files that check the core with models of their own, or with the task's model only as
+# a stand-in for any model: parity, the out-of-memory paths, background checkpoints and the callbacks,
+# the FLOPs of loops, the benchmark of checkpoint saves. The same code and the same tests in every bake:
+# make test runs them in the language model's bake (test_language_project_tests_pass) and leaves them
+# out of the image and text bakes' fast tiers; make test-release runs every bake's whole fast tier
+# (test_every_tier_passes).
+CORE_ONLY = ("test_parity.py", "test_parity_randomness.py", "test_out_of_memory.py", "test_async_checkpoint.py",
+             "test_callbacks.py", "test_flops_loops.py",
+             "test_bench.py::test_bench_times_checkpoint_saves_on_local_disk_and_a_gcs_folder")
+
+
+def without_core_only() -> str:
+    """PYTEST_ARGS for a bake's make test that leave CORE_ONLY out."""
+    return "PYTEST_ARGS=" + " ".join(f"--deselect=tests/{name}" if "::" in name else f"--ignore=tests/{name}"
+                                     for name in CORE_ONLY)
+
+
 def test_generated_project_tests_pass(set_up_project):
-    """The bake's fast tier (`make test`), as a team runs it on every change."""
-    output = make(set_up_project, "test")
+    """The bake's fast tier (`make test`), as a team runs it on every change, less CORE_ONLY (which the
+    language model's bake runs)."""
+    output = make(set_up_project, "test", without_core_only())
     assert " passed" in output and " failed" not in output
 
 
@@ -135,7 +153,8 @@ def text_project(tmp_path_factory):
 
 
 def test_text_project_tests_pass(set_up_project, text_project):
-    output = make(text_project, "test")
+    """The text bake's fast tier, less CORE_ONLY (which the language model's bake runs)."""
+    output = make(text_project, "test", without_core_only())
     assert " passed" in output and " failed" not in output
 
 
@@ -148,15 +167,17 @@ def test_a_killed_and_preempted_text_run_resumes_bitwise_equal(set_up_project, t
 
 @pytest.mark.release
 @pytest.mark.parametrize("task", ["image_classification", "text_classification", "language_model"])
-def test_slow_tier_passes(set_up_project, text_project, language_project, task):
-    """Each bake's slow tier (`make test-full` less the TPU tests): resume after SIGTERM and after a
-    metadata preemption notice, calibration, a gs:// run, NaN handling, accumulation through
-    train.py, the sample's learnability. About 15 minutes per task on 2 cores, so `make test-release`
-    runs it and `make test` does not."""
+def test_every_tier_passes(set_up_project, text_project, language_project, task):
+    """Each bake's `make test-full` less the TPU tests: its whole fast tier (CORE_ONLY included, which
+    make test runs in the language model's bake only) and its slow tier (resume after SIGTERM and
+    after a metadata preemption notice, calibration, a gs:// run, NaN handling, accumulation through
+    train.py, the sample's learnability). About 25 minutes per task on 2 cores, so `make
+    test-release` runs it and `make test` does not."""
     project = {"image_classification": set_up_project, "text_classification": text_project,
                "language_model": language_project}[task]
-    result = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-q", "-m", "slow and not tpu", "tests"],
-                            cwd=project, env=project_env(), capture_output=True, text=True, timeout=3600)
+    result = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-m",
+                             "not tpu", "tests"],
+                            cwd=project, env=project_env(), capture_output=True, text=True, timeout=5400)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 
 
@@ -197,11 +218,20 @@ def test_language_project_tests_pass(set_up_project, language_project):
     assert " passed" in output and " failed" not in output
 
 
-@pytest.mark.slow
-def test_the_tpu_vms_tensorflow_set_passes_the_fast_tier_and_trains(tmp_path):
-    """requirements.txt's other TensorFlow set, the one a TPU VM gets (TF=2.19: tensorflow 2.19.1 and
-    what moves with it), on the CPU: `make setup TF=2.19` installs it into a virtualenv of its own
-    (from the package index), then a v5e bake's fast tier passes and a short `make train` runs."""
+# The fast tier's test files whose code reaches what moves between the two TensorFlow sets: Keras'
+# training loop and tracing (startup, callbacks, background checkpoints: private checkpoint API),
+# graph internals (the FLOPs and memory count reads the traced graph's functions), tf.data (the input
+# and its exact resume), precision, the TPU ops and strategy resolution, Beam (2.75 in that set) and
+# the language model's own code. make test runs these on the TPU VM's set; make test-release runs the
+# whole fast tier there (test_the_tpu_vms_tensorflow_set_passes_the_whole_fast_tier).
+TF_SET_FILES = ("test_startup.py", "test_callbacks.py", "test_async_checkpoint.py", "test_flops_loops.py",
+                "test_memory.py", "test_input.py", "test_precision.py", "test_tpu_ops.py", "test_tpu.py",
+                "test_preprocess.py", "test_example_proto.py", "test_task_language_model.py")
+
+
+def set_up_tf_set(tmp_path):
+    """A v5e language-model bake with `make setup TF=2.19` (tensorflow 2.19.1 and what moves with it,
+    from the package index) in a virtualenv of its own: (the project, `run(*make arguments)`)."""
     project = bake(tmp_path, project="tf-set", task="language_model", tpu_type="v5litepod-8")
     venv = tmp_path / "venv-tf2.19"
     env = project_env()
@@ -218,7 +248,17 @@ def test_the_tpu_vms_tensorflow_set_passes_the_fast_tier_and_trains(tmp_path):
                                 "for p in ('tensorflow', 'tf-keras', 'tensorboard', 'apache-beam', 'protobuf')))"],
                                capture_output=True, text=True, check=True).stdout.split()
     assert installed[:4] == ["2.19.1", "2.19.0", "2.19.0", "2.75.0"] and installed[4].startswith("5."), installed
-    output = run("test")
+    return project, run
+
+
+@pytest.mark.slow
+def test_the_tpu_vms_tensorflow_set_passes_its_tests_and_trains(tmp_path):
+    """requirements.txt's other TensorFlow set, the one a TPU VM gets (TF=2.19), on the CPU: a v5e
+    bake's fast-tier files of TF_SET_FILES pass, and a short `make train` and `make doctor` run."""
+    project, run = set_up_tf_set(tmp_path)
+    others = sorted(path.name for path in (project / "tests").glob("test_*.py") if path.name not in TF_SET_FILES)
+    assert set(TF_SET_FILES) <= {path.name for path in (project / "tests").glob("test_*.py")}
+    output = run("test", "PYTEST_ARGS=" + " ".join(f"--ignore=tests/{name}" for name in others))
     assert " passed" in output and " failed" not in output
     run("data", "SMALL=1")
     run("preprocess")
@@ -227,6 +267,14 @@ def test_the_tpu_vms_tensorflow_set_passes_the_fast_tier_and_trains(tmp_path):
     assert "MirroredStrategy on CPU, 2 replicas" in train and re.search(r"^step +20/20 ", train, re.MULTILINE), train[-3000:]
     doctor = run("doctor", "ARGS=runtime.cpu_devices=2")
     assert re.search(r"^PASS +tpu\.support +TF 2\.19\.1 on v5litepod-8 ", doctor, re.MULTILINE), doctor[-3000:]
+
+
+@pytest.mark.release
+def test_the_tpu_vms_tensorflow_set_passes_the_whole_fast_tier(tmp_path):
+    """The same set: the bake's whole fast tier (`make test`), TF_SET_FILES and the rest."""
+    _, run = set_up_tf_set(tmp_path)
+    output = run("test")
+    assert " passed" in output and " failed" not in output
 
 
 @pytest.mark.release
