@@ -9,7 +9,7 @@ the whole eval split as the headline. `__task__` is replaced by the task's name.
 TASK_CODE = '''
 
 # ---------------------------------------------------------------- the dual encoder
-@dataclass
+@dataclass(frozen=True)
 class ObjectiveConfig:
     """The `objective:` keys."""
 

@@ -152,8 +152,37 @@ def test_overrides_are_typed():
     assert cfg.train.total_steps == 7 and cfg.train.warmup_steps == 2
     assert cfg.train.base_learning_rate == 1.0 and isinstance(cfg.train.base_learning_rate, float)
     assert cfg.train.weight_decay == 1e-4
-    assert cfg.profile_window() == (3, 5)
+    assert cfg.profile_window() == (3, 5) and cfg.runtime.profile_steps == "3,5"  # as loading wrote it
     assert cfg.train.steps_per_execution == "auto"
+
+
+def test_a_loaded_config_is_a_value():
+    """Frozen, every section (the task's too): another config is derived, the one held is unchanged; a
+    task section that is a mutable dataclass is refused in one line."""
+    import dataclasses
+
+    cfg = config.load(None, ["train.total_steps=10"], registry=tasks)
+    sections = {"": cfg, "data": cfg.data, "model": cfg.model, "train": cfg.train, "runtime": cfg.runtime}
+    sections.update(
+        {name: getattr(cfg, name) for name in ("objective", "predict") if dataclasses.is_dataclass(getattr(cfg, name))}
+    )
+    for section in sections.values():
+        first = next((each.name for each in dataclasses.fields(section)), "width")  # a section without keys too
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(section, first, getattr(section, first, 1))
+    derived = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, total_steps=20))
+    assert (cfg.train.total_steps, derived.train.total_steps) == (10, 20) and derived.runtime is cfg.runtime
+
+    @dataclasses.dataclass
+    class Mutable:
+        width: int = 8
+
+    with pytest.raises(ConfigError) as raised:
+        config.validate(dataclasses.replace(cfg, model=Mutable()))
+    assert str(raised.value) == (
+        "the task's Mutable is a mutable dataclass; declare it @dataclass(frozen=True) (a config is a value: derive "
+        "another with dataclasses.replace)"
+    )
 
 
 @pytest.mark.parametrize(

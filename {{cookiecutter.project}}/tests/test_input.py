@@ -506,7 +506,7 @@ def test_an_epoch_resumed_on_1_then_4_input_pipelines_feeds_every_record_once(tm
     Across the three starts every record of the epoch the first start stopped in (each host's own
     epoch: hosts with unequal shares drift apart) is fed exactly once; after its pieces, each of the
     4 hosts reads its own order of the next epoch; and a fourth start on the same 4 hosts mid-pieces
-    feeds what the third would have fed."""
+    feeds what the third would have fed, and so does a fifth past the longest host's pieces."""
     from {{ cookiecutter.package }}.core import input_cursor
 
     manifest = numbered_split(tmp_path, counts)
@@ -618,4 +618,12 @@ def test_an_epoch_resumed_on_1_then_4_input_pipelines_feeds_every_record_once(tm
 
     fourth = start(4, first_steps + 3, saved_at(third, first_steps + 3))  # the same layout, mid-pieces
     assert fourth.order == dataclasses.replace(third.order, note="")
+    # A later start on the same layout, past the longest host's pieces: each host feeds on from where the
+    # third start's order had come, in its own order of the next epoch (none re-reads its pieces' records).
+    later = first_steps + 2 + steps - 1
+    fifth = start(4, later, saved_at(third, later))
+    assert fifth.order == dataclasses.replace(third.order, note="")
+    assert hosts_read(fifth, later, 2) == [
+        host[(steps - 1) * 2 :] for host in hosts_read(third, first_steps + 2, steps + 1)
+    ]
     assert hosts_read(fourth, first_steps + 3, steps - 1) == [host[2:] for host in read]

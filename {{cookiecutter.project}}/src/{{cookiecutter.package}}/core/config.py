@@ -11,6 +11,10 @@ A config file may start from another: `extends: base.yaml` (a path relative to t
 file first and sets this file's keys over it, so a file holds only what differs from its base. A base
 may extend another in turn; a base that is missing or a chain that comes back to a file is a one-line
 error. The shipped configs extend configs/base.yaml, the one file that spells out every key.
+
+A loaded config is a value: its dataclasses are frozen (the task's too), so code that needs another
+config derives one with `dataclasses.replace` and nothing changes a config another part of the run
+holds. Loading (`load`) is the one writer, before anyone holds it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class ConfigError(UserError):
     """A config file or override is invalid."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     """The `data:` keys every task shares; a task's own data config adds its keys (tasks/)."""
 
@@ -62,7 +66,7 @@ class DataConfig:
     the model trains on. Reported, not refused."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     global_batch_size: int = 128
     """Examples per step across all replicas; must divide evenly by the number of replicas."""
@@ -115,7 +119,7 @@ class TrainConfig:
     """Decoupled weight decay applied by the optimizer."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RuntimeConfig:
     strategy: str = "auto"
     """`auto` (TPU, else GPU, else CPU), `tpu`, `gpu` or `cpu`."""
@@ -164,7 +168,7 @@ class TaskRegistry(Protocol):
         """The Task object of `name`; a name that is no task is a one-line UserError naming `where`."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     task: str
     """The task this config trains: a package under tasks/ (see tasks/__init__.py)."""
@@ -326,7 +330,7 @@ def _set(config: Config, key: str, value: Any, where: str, registry: TaskRegistr
     section_name, _, field_name = key.partition(".")
     section = getattr(config, section_name)
     kind = typing.get_type_hints(type(section))[field_name]
-    setattr(section, field_name, _coerce(key, value, kind))
+    object.__setattr__(section, field_name, _coerce(key, value, kind))  # loading: the config's one writer
 
 
 def validate(config: Config) -> Config:
@@ -344,7 +348,7 @@ def validate(config: Config) -> Config:
             raise ConfigError(
                 f"runtime.profile_steps must be 'start,stop' with start < stop (e.g. '20,30'), got {rt.profile_steps!r}"
             )
-        rt.profile_steps = ",".join(p.strip() for p in parts)
+        rt = dataclasses.replace(rt, profile_steps=",".join(p.strip() for p in parts))
     for key, value in (
         ("train.global_batch_size", tr.global_batch_size),
         ("train.base_batch_size", tr.base_batch_size),
@@ -370,7 +374,7 @@ def validate(config: Config) -> Config:
             tr.total_steps,
             clamped,
         )
-        tr.warmup_steps = clamped
+        tr = dataclasses.replace(tr, warmup_steps=clamped)
     if tr.eval_every < 0:
         raise ConfigError(f"train.eval_every must be 0 (only at the end) or a number of steps, got {tr.eval_every}")
     if tr.early_stop_patience < 0:
@@ -400,10 +404,15 @@ def validate(config: Config) -> Config:
     if rt.metadata_poll_seconds <= 0:
         raise ConfigError(f"runtime.metadata_poll_seconds must be positive, got {rt.metadata_poll_seconds}")
     for section in (config.data, config.model, config.objective, config.predict):
+        if dataclasses.is_dataclass(section) and not type(section).__dataclass_params__.frozen:
+            raise ConfigError(
+                f"the task's {type(section).__name__} is a mutable dataclass; declare it @dataclass(frozen=True) "
+                "(a config is a value: derive another with dataclasses.replace)"
+            )
         problem = section.problem() if hasattr(section, "problem") else None
         if problem:
             raise ConfigError(problem)
-    return config
+    return dataclasses.replace(config, train=tr, runtime=rt)
 
 
 def _task(name: str, where: str, registry: TaskRegistry):

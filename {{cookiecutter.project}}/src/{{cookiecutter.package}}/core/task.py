@@ -197,7 +197,7 @@ def files_under(input_root: str) -> list[str]:
     return [metadata.path[len(root) + 1 :] for metadata in matched]
 
 
-@dataclass
+@dataclass(frozen=True)
 class NoKeys:
     """A config section a task leaves empty."""
 

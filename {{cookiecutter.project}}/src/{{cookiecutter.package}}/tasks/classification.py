@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..core.task import Manifest, RawExample, Task
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClassificationObjectiveConfig:
     label_smoothing: float = 0.0
     """Moves this share of each target's probability evenly over all classes (0.1 is the usual

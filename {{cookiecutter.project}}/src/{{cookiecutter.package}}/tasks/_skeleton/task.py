@@ -33,7 +33,7 @@ TARGET_COLUMN = "target"
 STATISTICS_FILE = "statistics.json"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig(config_lib.DataConfig):
     """The `data:` keys: the shared ones (dir, raw, eval_fraction, shuffle_buffer) plus this task's."""
 
@@ -58,7 +58,7 @@ class DataConfig(config_lib.DataConfig):
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """The `model:` keys."""
 

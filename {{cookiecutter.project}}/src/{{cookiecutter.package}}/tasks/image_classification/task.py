@@ -36,7 +36,7 @@ RECORD_OVERHEAD_BYTES = 64
 JPEG_COMPRESSION = 6
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImageDataConfig(config_lib.DataConfig):
     image_size: int = 32
     """Side in pixels of the images the model sees; preprocessing resizes the shorter side to it
@@ -63,7 +63,7 @@ class ImageDataConfig(config_lib.DataConfig):
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImageModelConfig:
     widths: list[int] = field(default_factory=lambda: [32, 64, 128])
     """Channels of each residual stage; each stage after the first halves the resolution.

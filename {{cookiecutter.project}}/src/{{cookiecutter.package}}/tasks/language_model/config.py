@@ -9,7 +9,7 @@ from typing import ClassVar
 from ..text.config import TextDataConfig, TextModelConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class LanguageModelDataConfig(TextDataConfig):
     seq_len: int = 128
     """Inputs per packed window: preprocessing concatenates the documents (each ending in the
@@ -30,14 +30,14 @@ class LanguageModelDataConfig(TextDataConfig):
         return super().problem()
 
 
-@dataclass
+@dataclass(frozen=True)
 class LanguageModelConfig(TextModelConfig):
     tie_embeddings: bool = True
     """Score the next token with the input embedding table (transposed) instead of a separate
     output layer: fewer parameters, and usually as good for a small model."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class LanguageModelPredictConfig:
     max_new_tokens: int = 24
     """Tokens the export generates per prompt (`make predict`). The export is written at the end of

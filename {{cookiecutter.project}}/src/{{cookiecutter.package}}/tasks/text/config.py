@@ -12,7 +12,7 @@ from typing import ClassVar
 from ...core import config as config_lib
 
 
-@dataclass
+@dataclass(frozen=True)
 class TextDataConfig(config_lib.DataConfig):
     seq_len: int = 128
     """Static sequence length of every batch: preprocessing truncates texts to it and the input
@@ -35,7 +35,7 @@ class TextDataConfig(config_lib.DataConfig):
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TextModelConfig:
     width: int = 64
     """Width of the token representation (embedding and attention); a multiple of 128 on a TPU."""

@@ -14,7 +14,7 @@ its first seq_len // 2 and its last seq_len - seq_len // 2 (where news, reports 
 bylines, sign-offs and verdicts)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClassifierDataConfig(TextDataConfig):
     truncation: str = "head"
     """Which pieces of a text longer than `data.seq_len` the model reads: `head`, the first seq_len;
@@ -28,7 +28,7 @@ class ClassifierDataConfig(TextDataConfig):
         return super().problem()
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClassifierModelConfig(TextModelConfig):
     pooling: str = "mean"
     """How the tokens' representations become one per text: `mean` (masked mean over the real
