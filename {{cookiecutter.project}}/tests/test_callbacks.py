@@ -102,6 +102,43 @@ def test_examples_per_second_leaves_out_the_evaluations_inside_its_window():
     assert report.examples_per_second(4) == pytest.approx(6 * 4 / (3.0 - 1.0))
 
 
+def test_what_several_callbacks_report_has_one_writer_each():
+    """The saves' seconds, the evaluations and the stop are read as copies and written by one method
+    each: editing a copy changes nothing; a wait is added onto this start's last save (none before
+    its first); a preemption stands over an early stop whichever comes first, else the first reason
+    stands; an evaluation recorded again at its step replaces it."""
+    report = callbacks.Report(step=0, earlier=[{"step": 4, "loss": 1.0}])
+    report.history.append({"step": 8, "loss": 0.0})
+    report.checkpoint_blocking_seconds.append(1.0)
+    report.checkpoint_write_seconds.append(1.0)
+    assert report.history == [{"step": 4, "loss": 1.0}]
+    assert report.checkpoint_blocking_seconds == report.checkpoint_write_seconds == []
+    report.hold(0.5, onto_last=True)  # no save of this start yet: nothing to add it to
+    report.hold(0.25)
+    report.hold(0.5, onto_last=True)
+    report.hold(1.0)
+    report.written(2.0)
+    assert report.checkpoint_blocking_seconds == [0.75, 1.0] and report.checkpoint_write_seconds == [2.0]
+    early = callbacks.Stop(goodput.STOPPED_EARLY, "eval_loss did not improve")
+    preempted = callbacks.Stop(goodput.PREEMPTED, "SIGTERM")
+    for first, second, stands in (
+        (early, preempted, preempted),
+        (preempted, early, preempted),
+        (preempted, callbacks.Stop(goodput.PREEMPTED, "host maintenance"), preempted),
+        (early, callbacks.Stop(goodput.STOPPED_EARLY, "another"), early),
+    ):
+        stopped = callbacks.Report(step=0)
+        stopped.stop_with(first)
+        stopped.stop_with(second)
+        assert stopped.stop == stands
+    with pytest.raises(AttributeError):
+        report.stop = early
+    assert report.record_evaluation(4, {"loss": 2.0}, ["loss"], "eval_loss", "min")  # replaces step 4's: the only one
+    assert not report.record_evaluation(6, {"loss": 3.0}, ["loss"], "eval_loss", "min")
+    assert report.record_evaluation(8, {"loss": 0.5}, ["loss"], "eval_loss", "min")
+    assert report.history == [{"step": 4, "loss": 2.0}, {"step": 6, "loss": 3.0}, {"step": 8, "loss": 0.5}]
+
+
 def test_scalar_series_writes_each_step_under_its_own_tag(tmp_path):
     from test_train import scalar_events
 

@@ -29,7 +29,7 @@ import dataclasses
 import math
 import signal
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
@@ -50,8 +50,10 @@ class Stop:
 
 @dataclasses.dataclass
 class Report:
-    """What the callbacks learned during fit, for the trainer. Each field is written by the one
-    callback named beside it and read after fit returns."""
+    """What the callbacks learned during fit, for the trainer. Each field has one writer: the callback
+    named beside it, or, for what several reach (the saves' seconds, the evaluations, why training
+    stopped), the one method of the report that writes it (`hold`, `written`, `record_evaluation`,
+    `stop_with`); those are read as copies."""
 
     step: int
     """The optimizer's step fit reached (FirstExecution, at every boundary)."""
@@ -67,25 +69,70 @@ class Report:
     """perf_counter when fit ended (FirstExecution)."""
     utilisation: object | None = None
     """The model FLOPs per step against the chip's peak (StepLog, after the first execution)."""
-    checkpoint_blocking_seconds: list[float] = dataclasses.field(default_factory=list)
-    """The seconds each checkpoint save held the step loop (`save_checkpoint`: Checkpoints,
-    Preemption, the trainer's last save): the save call, and before it the wait for the save before
-    it if that one was still being written in the background. A last save whose step is saved
-    already adds its wait for that save's files to that save's. The set-up of background saves
-    (Checkpoints, at the first boundary) is an entry of its own before the saves'."""
-    checkpoint_write_seconds: list[float] = dataclasses.field(default_factory=list)
-    """The wall seconds from each save's call until its files were whole, in the background for an
-    asynchronous one (`save_checkpoint`): what a preemption notice must leave time for."""
-    history: list[dict] = dataclasses.field(default_factory=list)
-    """Every periodic evaluation of the run, earlier starts' included: {"step", metric: value}
-    (PeriodicEvaluation)."""
     evaluation_seconds: float = 0.0
     """Wall seconds of this start's periodic evaluations (PeriodicEvaluation)."""
     last_evaluation: tuple[int, dict] | None = None
     """The step and metrics of this start's latest periodic evaluation (PeriodicEvaluation): an early
     stop's final evaluation is that one, not a second pass over the same weights."""
-    stop: Stop | None = None
-    """Why training stopped early, if it did (Preemption, EarlyStopping)."""
+    earlier: dataclasses.InitVar[Sequence[dict]] = ()
+    """The run's evaluations before this start (its record's history), where `history` begins."""
+    _blocking: list = dataclasses.field(default_factory=list, init=False, repr=False)
+    _writes: list = dataclasses.field(default_factory=list, init=False, repr=False)
+    _history: list = dataclasses.field(default_factory=list, init=False, repr=False)
+    _stop: Stop | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self, earlier: Sequence[dict]) -> None:
+        self._history = [dict(entry) for entry in earlier]
+
+    @property
+    def checkpoint_blocking_seconds(self) -> list[float]:
+        """The seconds each checkpoint save held the step loop (`save_checkpoint`: Checkpoints,
+        Preemption, the trainer's last save): the save call, and before it the wait for the save before
+        it if that one was still being written in the background. A last save whose step is saved
+        already adds its wait for that save's files to that save's. The set-up of background saves
+        (Checkpoints, at the first boundary) is added to the save of that boundary, or is an entry of
+        its own before the saves' where the boundary saves nothing."""
+        return list(self._blocking)
+
+    @property
+    def checkpoint_write_seconds(self) -> list[float]:
+        """The wall seconds from each save's call until its files were whole, in the background for an
+        asynchronous one (`save_checkpoint`): what a preemption notice must leave time for."""
+        return list(self._writes)
+
+    @property
+    def history(self) -> list[dict]:
+        """Every periodic evaluation of the run, earlier starts' included: {"step", metric: value}
+        (PeriodicEvaluation during fit, the trainer's final evaluation after it: `record_evaluation`)."""
+        return [dict(entry) for entry in self._history]
+
+    @property
+    def stop(self) -> Stop | None:
+        """Why training stopped early, if it did (Preemption, EarlyStopping: `stop_with`)."""
+        return self._stop
+
+    def hold(self, seconds: float, *, onto_last: bool = False) -> None:
+        """A save (or the background saves' set-up) held training `seconds`: an entry of its own, or
+        added to the last one's (`onto_last`: the same boundary's, or the wait for that save's files;
+        nothing where this start has saved nothing yet)."""
+        if not onto_last:
+            self._blocking.append(seconds)
+        elif self._blocking:
+            self._blocking[-1] += seconds
+
+    def written(self, seconds: float) -> None:
+        """A save's files are whole, `seconds` after its call (from the background writer's thread)."""
+        self._writes.append(seconds)
+
+    def record_evaluation(self, step: int, metrics: dict, names: list[str], monitor: str, mode: str) -> bool:
+        """Adds an evaluation to `history` (`record_evaluation` below); whether it is the best so far."""
+        return record_evaluation(self._history, step, metrics, names, monitor, mode)
+
+    def stop_with(self, stop: Stop) -> None:
+        """Records why training stops. A preemption stands over an early stop (its checkpoint is saved
+        and the process must end before the VM does); otherwise the first reason stands."""
+        if self._stop is None or (stop.end == goodput.PREEMPTED and self._stop.end != goodput.PREEMPTED):
+            self._stop = stop
 
     def examples_per_second(self, batch_size: int) -> float:
         """Training throughput after the first execution, the periodic evaluations left out; NaN when
@@ -323,17 +370,16 @@ class Checkpoints(BetweenExecutions):
     def on_execution_end(self, step, previous, logs):
         set_up = self.set_up(step, previous) if self.first_boundary else 0.0
         self.first_boundary = False
-        held = self.report.checkpoint_blocking_seconds
         if crossed(self.checkpoint_every, previous, step):
-            saves = len(held)
+            saves = len(self.report.checkpoint_blocking_seconds)
             blocked = save_checkpoint(self.manager, step, self.report, self.asynchronous) + set_up
-            if set_up and len(held) > saves:
-                held[-1] += set_up  # this boundary held training for both
+            if set_up:  # this boundary held training for both, where it saved
+                self.report.hold(set_up, onto_last=len(self.report.checkpoint_blocking_seconds) > saves)
             if self.writer is not None:
                 with self.writer.as_default():
                     tf.summary.scalar("checkpoint_blocking_seconds", blocked, step=step)
         elif set_up:
-            held.append(set_up)
+            self.report.hold(set_up)
 
     def set_up(self, step: int, initial_step: int) -> float:
         """At the first boundary, the background saves' set-up when a save comes in this fit: the
@@ -396,18 +442,17 @@ def save_checkpoint(
     latest = manager.latest_checkpoint
     if latest is not None and checkpoint_step(latest) == step:
         waited = time.perf_counter() - started
-        if report.checkpoint_blocking_seconds:  # for the files of this start's own save of `step`
-            report.checkpoint_blocking_seconds[-1] += waited
+        report.hold(waited, onto_last=True)  # for the files of this start's own save of `step`
         return waited
     called = time.perf_counter()
 
     def written() -> None:  # once its files are whole: in the background thread for an asynchronous save
-        report.checkpoint_write_seconds.append(time.perf_counter() - called)
+        report.written(time.perf_counter() - called)
 
     options = tf.train.CheckpointOptions(enable_async=asynchronous, experimental_write_callbacks=[written])
     manager.save(checkpoint_number=step, options=options)
     blocked = time.perf_counter() - started
-    report.checkpoint_blocking_seconds.append(blocked)
+    report.hold(blocked)
     how = "saving in the background" if asynchronous else "saved"
     print(f"checkpoint at step {step} {how}: training held {blocked:.3f} s", flush=True)
     return blocked
@@ -441,7 +486,7 @@ class Preemption(BetweenExecutions):
     def on_execution_end(self, step, previous, logs):
         if self.reason:
             save_checkpoint(self.manager, step, self.report)
-            self.report.stop = Stop(goodput.PREEMPTED, self.reason)
+            self.report.stop_with(Stop(goodput.PREEMPTED, self.reason))
             self.model.stop_training = True
 
 
@@ -468,7 +513,7 @@ class _Watching:
             # Asked after the last execution's boundary (while fit released its input): saved and
             # reported all the same, so the start still ends as preempted.
             save_checkpoint(callback.manager, callback.report.step, callback.report)
-            callback.report.stop = Stop(goodput.PREEMPTED, callback.reason)
+            callback.report.stop_with(Stop(goodput.PREEMPTED, callback.reason))
         return False
 
 
@@ -503,7 +548,7 @@ class PeriodicEvaluation(BetweenExecutions):
             return
         started = time.perf_counter()
         metrics = self.evaluate()
-        best = record_evaluation(self.report.history, step, metrics, self.metric_names, self.monitor, self.mode)
+        best = self.report.record_evaluation(step, metrics, self.metric_names, self.monitor, self.mode)
         self.write_summaries(metrics, step)
         if best:
             self.best_manager.save(checkpoint_number=step)
@@ -539,10 +584,12 @@ class EarlyStopping(BetweenExecutions):
             return
         self.observe(float(logs[self.monitor]))
         if self.waited >= self.patience:
-            self.report.stop = Stop(
-                goodput.STOPPED_EARLY,
-                f"{self.monitor} did not improve on {self.best:.4f} by more than {self.min_delta:g} in "
-                f"{self.waited} evaluations (train.early_stop_patience={self.patience})",
+            self.report.stop_with(
+                Stop(
+                    goodput.STOPPED_EARLY,
+                    f"{self.monitor} did not improve on {self.best:.4f} by more than {self.min_delta:g} in "
+                    f"{self.waited} evaluations (train.early_stop_patience={self.patience})",
+                )
             )
             print(f"stopping early at step {step}: {self.report.stop.detail}", flush=True)
             self.model.stop_training = True

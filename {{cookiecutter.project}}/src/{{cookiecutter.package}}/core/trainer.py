@@ -242,7 +242,7 @@ class Trainer:
             profiler.start_server(cfg.runtime.profiler_port)
         writer = tf.summary.create_file_writer(run_path(cfg.runtime.output_dir, "logs", "train"))
         history = [entry for entry in start.record.history if entry["step"] <= restored.initial_step]
-        report = callbacks.Report(step=restored.initial_step, history=history)
+        report = callbacks.Report(step=restored.initial_step, earlier=history)
         # The two whose ends outlive a callback's: a trace to close and a signal handler to remove.
         profile_window = callbacks.ProfileWindow(restored.initial_step, cfg.profile_window(), cfg.runtime.output_dir)
         preemption = callbacks.Preemption(
@@ -407,7 +407,7 @@ class Trainer:
         names = metric_names(cfg, task, manifest)
         if cfg.train.eval_every:
             monitor, mode = self.monitor()
-            if callbacks.record_evaluation(report.history, step, metrics, names, monitor, mode):
+            if report.record_evaluation(step, metrics, names, monitor, mode):
                 restored.best_manager.save(checkpoint_number=step)
             write_eval_summaries(cfg.runtime.output_dir, metrics, step, names)
             metrics.update(callbacks.evaluation_summary(report.history, monitor, mode))
