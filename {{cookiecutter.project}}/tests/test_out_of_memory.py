@@ -152,6 +152,28 @@ def test_out_of_memory_in_parity_is_one_line_with_the_one_device_side_planned(da
     assert {"main", "compare"} <= frames
 
 
+@pytest.mark.parametrize("bench", ["bench_input", "bench_spe"])
+def test_out_of_memory_in_the_benchmarks_that_train_is_training_s_one_line(data_dir, tmp_path, monkeypatch, bench):
+    """`make bench` (its trainer part) and `make bench-spe` train the config's model: running out of
+    memory there is training's one line."""
+    from {{ cookiecutter.package }} import bench_input, bench_spe
+    from {{ cookiecutter.package }}.core import steps_per_execution
+
+    module = {"bench_input": bench_input, "bench_spe": steps_per_execution}[bench]
+    monkeypatch.setattr(module, "build_model", exhausting(module.build_model, "train_step"))
+    cfg = exhausting_config(data_dir, tmp_path)
+    arguments = [f"data.dir={data_dir}", f"runtime.output_dir={tmp_path}", f"runtime.cpu_devices={REPLICAS}"]
+    arguments += [*tasks.load(tasks.DEFAULT).testing().overrides, "train.global_batch_size=32"]
+    arguments += ["runtime.mixed_precision=float32", "train.log_every=4", f"runtime.cache_dir={tmp_path / 'cache'}"]
+    command = {"bench_input": bench_input, "bench_spe": bench_spe}[bench]
+    extra = (
+        ["--rounds", "1", "--seconds", "0.1", *arguments, "--only", "trainer"] if bench == "bench_input" else arguments
+    )
+    with pytest.raises(UserError) as raised:
+        command.main(["--config", str(config_file(tasks.DEFAULT)), *extra])
+    assert_one_line(raised, cfg, (f"{bench}.py", "main"))
+
+
 def parity_manifest(cfg) -> dict:
     from {{ cookiecutter.package }}.core import input_pipeline
 

@@ -63,7 +63,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from .core import config as config_lib
-from .core import callbacks, distribute, gcp, input_pipeline, precision, preemption, topology, utilisation
+from .core import callbacks, distribute, gcp, input_pipeline, levers, precision, preemption, topology, utilisation
 from . import tasks
 from .core import steps_per_execution as spe_lib
 from .core.errors import UserError, run_cli
@@ -747,14 +747,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
     print(f"precision {chosen.describe()}", flush=True)
     figures = {}
-    if "input" in parts:
-        figures.update(input_part(cfg, task, resolved, manifest, chosen.precision, args.seconds))
-    if "peak" in parts:
-        figures.update(host_peaks(cfg, resolved, args.seconds))
-    if "trainer" in parts:
-        figures.update(trainer_over_bare(cfg, task, resolved, manifest, args.rounds))
-    if "checkpoints" in parts:
-        figures.update(checkpoint_comparison(cfg, task, resolved, manifest, args))
+    # Out of device memory in a part that trains the model: training's one line, with the precision that runs.
+    ran = replace(cfg, runtime=replace(cfg.runtime, mixed_precision=chosen.precision))
+    with levers.out_of_memory_reported(ran, task, manifest, resolved):
+        if "input" in parts:
+            figures.update(input_part(cfg, task, resolved, manifest, chosen.precision, args.seconds))
+        if "peak" in parts:
+            figures.update(host_peaks(cfg, resolved, args.seconds))
+        if "trainer" in parts:
+            figures.update(trainer_over_bare(cfg, task, resolved, manifest, args.rounds))
+        if "checkpoints" in parts:
+            figures.update(checkpoint_comparison(cfg, task, resolved, manifest, args))
     print(json.dumps(figures))
     return 0
 

@@ -16,7 +16,7 @@ from typing import Sequence
 from . import tasks
 from .core import config as config_lib
 from .core import steps_per_execution as spe_lib
-from .core import distribute, input_pipeline, precision
+from .core import distribute, input_pipeline, levers, precision
 from .core.errors import run_cli
 
 
@@ -24,10 +24,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, _ = config_lib.command_line(__doc__.split("\n\n")[0], argv, registry=tasks)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps_per_execution="auto"))
     resolved = distribute.resolve(cfg.runtime)
-    manifest = input_pipeline.read_manifest(cfg.data.dir, tasks.load(cfg.task), cfg.data)
+    task = tasks.load(cfg.task)
+    manifest = input_pipeline.read_manifest(cfg.data.dir, task, cfg.data)
     resolved.per_replica_batch_size(cfg.train.global_batch_size)
-    print(f"precision {precision.apply(cfg.runtime.mixed_precision, resolved.kind).describe()}", flush=True)
-    chosen, measurements = spe_lib.choose_for(cfg, tasks.load(cfg.task), resolved, manifest)
+    applied = precision.apply(cfg.runtime.mixed_precision, resolved.kind)
+    print(f"precision {applied.describe()}", flush=True)
+    # Out of device memory measuring a candidate: training's one line, with the precision that runs.
+    ran = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mixed_precision=applied.precision))
+    with levers.out_of_memory_reported(ran, task, manifest, resolved):
+        chosen, measurements = spe_lib.choose_for(cfg, task, resolved, manifest)
     rate = {m.steps_per_execution: m.steps_per_second for m in measurements}
     best = max(rate.values())
     print(
