@@ -479,6 +479,58 @@ class Numbered:
         return tf.strings.to_number(batch, tf.int64), tf.zeros_like(batch, tf.int64)
 
 
+class Keyed:
+    """A task whose batches are the keys their random draws would take (`Task.parse_batch`'s `seed`)."""
+
+    def parse_batch(self, batch, manifest, training=False, seed=None, data_config=None):
+        return seed, tf.zeros_like(batch, tf.int64)
+
+
+def test_batch_keys_follow_the_place_in_the_run_and_a_later_order_never_reuses_one(tmp_path, strategy):
+    """Same order, resumed: the same keys from the same batch on. An order that begins at a later step
+    (a resume on another number of hosts counts its batches from 0 again, with the run's seed): none
+    of its keys is one an earlier order drew, on any pipeline."""
+    manifest = numbered_split(tmp_path, [40, 24])
+    files = [str(tmp_path / name) for name in manifest["splits"]["train"]["files"]]
+
+    def keys(pipeline_id: int, from_step: int, start: int = 0, take: int = 12) -> list[tuple[int, int]]:
+        dataset = input_pipeline.train_pipeline(
+            files,
+            [40, 24],
+            Keyed(),
+            manifest,
+            2,
+            seed=11,
+            shuffle_buffer=4,
+            pipeline_id=pipeline_id,
+            num_pipelines=2,
+            start=start,
+            from_step=from_step,
+        )
+        return [tuple(key.numpy()) for key, _ in dataset.take(take)]
+
+    first = [keys(pipeline, 0) for pipeline in range(2)]
+    assert keys(1, 0, start=6, take=9) == first[1][3:]  # resumed 3 batches in: the same keys on
+    assert len({key for each in first for key in each}) == 24  # no two batches share one
+    later = [keys(pipeline, 5) for pipeline in range(2)]
+    assert not {key for each in later for key in each} & {key for each in first for key in each}
+    # The trainer's input (training_dataset, 8 replicas on one pipeline) keys by the order's first step too.
+    cfg = config.load(
+        None, [f"data.dir={tmp_path}", "data.shuffle_buffer=4", "train.global_batch_size=16"], registry=tasks
+    )
+    resolved = distribute.resolve(cfg.runtime)
+
+    def trained_keys(from_step: int) -> set:
+        batches = iter(input_pipeline.training_dataset(cfg, Keyed(), resolved, manifest, seed=11, from_step=from_step))
+        return {
+            tuple(key)
+            for part in strategy.experimental_local_results(next(batches)[0])
+            for key in part.numpy().reshape(-1, 2)
+        }
+
+    assert trained_keys(0).isdisjoint(trained_keys(5))
+
+
 def numbered_split(folder, counts) -> dict:
     """TFRecord files of `counts` records numbered 0, 1, ... in `folder`, and a manifest that lists them."""
     names, number = [], 0
@@ -499,13 +551,16 @@ def numbered_split(folder, counts) -> dict:
         [40, 13, 16],  # 2 pipelines' shares of 56 and 13 records; 4 pipelines: the record-level fallback
     ],
 )
-def test_an_epoch_resumed_on_1_then_4_input_pipelines_feeds_every_record_once(tmp_path, strategy, counts, first_steps):
+def test_epochs_resumed_on_1_then_4_input_pipelines_feed_every_record_once_each(
+    tmp_path, strategy, counts, first_steps
+):
     """Global batch 8, window 4: 2 simulated hosts train `first_steps` steps; a resume on 1 host (the
     real 8-replica input) trains 2 more; a resume on 4 hosts trains until the epoch ends. Each start
     rebuilds its order from the previous start's cursor, written to and read from a checkpoint.
-    Across the three starts every record of the epoch the first start stopped in (each host's own
-    epoch: hosts with unequal shares drift apart) is fed exactly once; after its pieces, each of the
-    4 hosts reads its own order of the next epoch; and a fourth start on the same 4 hosts mid-pieces
+    Across the three starts every record is fed exactly once in each epoch of the job up to the one
+    the first start stopped in (the furthest host's: hosts with unequal shares drift apart, and the
+    one behind reads to the end of that epoch too); after its pieces, each of the 4 hosts reads its
+    own order of the next epoch; and a fourth start on the same 4 hosts mid-pieces
     feeds what the third would have fed, and so does a fifth past the longest host's pieces."""
     from {{ cookiecutter.package }}.core import input_cursor
 
@@ -556,18 +611,20 @@ def test_an_epoch_resumed_on_1_then_4_input_pipelines_feeds_every_record_once(tm
     first = start(2, 0, None)
     shares = [input_pipeline.Share.of(files, counts, host, 2) for host in range(2)]
     epochs = [share.epoch_of(first_steps * 4) for share in shares]  # each host's epoch when it stopped
-    epoch = [
-        record
-        for host, share, its_epoch in zip(hosts_read(first, 0, first_steps), shares, epochs)
-        for record in host[share.epoch_start(its_epoch) :]
-    ]
-    read_in_epoch = len(epoch)
+    job_epoch = max(epochs)  # the furthest host's: [40, 13, 16] after 8 steps, hosts in epochs 0 and 2
+    records_fed = [record for host in hosts_read(first, 0, first_steps) for record in host]
+    read_first = len(records_fed)
 
     second = start(1, first_steps, saved_at(first, first_steps))
-    left = total - read_in_epoch
+    left = (job_epoch + 1) * total - read_first  # every record once in each epoch of the job, to its end
+    drift = (
+        f" (the hosts were in epochs {min(epochs)} to {job_epoch}: each reads to its end)"
+        if min(epochs) < job_epoch
+        else ""
+    )
     assert second.order.note == (
-        f"resumed on 1 host x 8 replicas from a 2 x 8 layout at step {first_steps}: {left} records left in epoch "
-        f"{max(epochs)}, redistributed"
+        f"resumed on 1 host x 8 replicas from a 2 x 8 layout at step {first_steps}: {left} records left to the end "
+        f"of epoch {job_epoch}{drift}, redistributed"
     )
     # The real input of 8 replicas on 1 pipeline (the trainer's): replica by replica, step by step.
     dataset, _ = input_pipeline.distributed_dataset(
@@ -587,27 +644,30 @@ def test_an_epoch_resumed_on_1_then_4_input_pipelines_feeds_every_record_once(tm
     batches = iter(dataset)
     for _ in range(2):
         numbers, _ = next(batches)
-        epoch += [int(n) for part in strategy.experimental_local_results(numbers) for n in part.numpy()]
-    assert epoch[read_in_epoch:] == hosts_read(second, first_steps, 2)[0]
+        records_fed += [int(n) for part in strategy.experimental_local_results(numbers) for n in part.numpy()]
+    assert records_fed[read_first:] == hosts_read(second, first_steps, 2)[0]
 
     third = start(4, first_steps + 2, saved_at(second, first_steps + 2))
     left -= 16
-    assert f"from a 1 x 8 layout at step {first_steps + 2}: {left} records left in epoch {max(epochs)}" in (
-        third.order.note
+    assert third.order.note.endswith(
+        f"from a 1 x 8 layout at step {first_steps + 2}: {left} records left to the end of epoch {job_epoch}, "
+        "redistributed"
     )
     pieces = [sum(piece.count for piece in host) for host in third.order.pending]
     assert sorted(pieces) == sorted(left * q // 4 - left * (q - 1) // 4 for q in range(1, 5))  # split evenly
     steps = -(-max(pieces) // 2) + 2  # past the longest host's pieces, into the next epoch
     read = hosts_read(third, first_steps + 2, steps)
-    epoch += [record for host, count in zip(read, pieces) for record in host[:count]]
-    assert sorted(epoch) == list(range(total)), collections.Counter(epoch).most_common(3)
+    records_fed += [record for host, count in zip(read, pieces) for record in host[:count]]
+    assert collections.Counter(records_fed) == dict.fromkeys(range(total), job_epoch + 1), collections.Counter(
+        records_fed
+    )
 
     for host, count in enumerate(pieces):  # then each host's own order from the start of the next epoch
         share = input_pipeline.Share.of(files, counts, host, 4)
         own = fed(
             files,
             counts,
-            start=share.epoch_start(max(epochs) + 1),
+            start=share.epoch_start(job_epoch + 1),
             take=len(read[host]) - count,
             pipeline_id=host,
             num_pipelines=4,

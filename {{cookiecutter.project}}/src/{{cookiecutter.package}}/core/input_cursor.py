@@ -181,10 +181,13 @@ def redistribute(saved: dict, layout: dict, step: int) -> Order:
     of replicas or input pipelines, the same data and global batch).
 
     The same pipelines: each step takes the same records from each of them whatever the replicas,
-    so the order goes on. Other pipelines: each old pipeline's unread records of the epoch it is in
-    (its pending pieces, or the rest of its own epoch) are concatenated in pipeline order and cut
-    into as many consecutive runs as there are new pipelines (sizes differing by at most one), each
-    read once; every new pipeline then reads its own order from the start of the next epoch.
+    so the order goes on. Other pipelines: the job's epoch is the furthest old pipeline's (pipelines
+    with unequal shares of the files drift apart: the one with fewer records starts its next epoch
+    sooner). Each old pipeline's unread records up to the end of that epoch (its pending pieces, the
+    rest of its own epoch, and any whole epoch of its own it had not begun) are concatenated in
+    pipeline order and cut into as many consecutive runs as there are new pipelines (sizes differing
+    by at most one), each read once; every new pipeline then reads its own order from the start of
+    the next epoch. So every record is read once per epoch of the job, whatever the layouts.
     """
     old, files, counts = Order.of(saved), layout["train_files"], layout["examples_per_file"]
     where = (
@@ -196,35 +199,43 @@ def redistribute(saved: dict, layout: dict, step: int) -> Order:
             old, note=f"{where}: the same records per step from each pipeline, the order goes on"
         )
     consumed = (step - old.from_step) * records_per_step(saved)
-    unread: list[Piece] = []
-    epoch = 0
+    # Where each old pipeline is: the rest of its pending pieces (still in the epoch before the
+    # order's first), then its own order from `position`, in `epoch`.
+    where_each = []
     for pipeline in range(saved["input_pipelines"]):
         pieces = old.pending[pipeline] if old.pending else ()
         in_pending = sum(piece.count for piece in pieces)
-        if consumed < in_pending:  # still in the epoch an earlier layout left
-            left = consumed
+        share = Share.of(files, counts, pipeline, saved["input_pipelines"])
+        if consumed < in_pending:
+            rest, left = [], consumed
             for piece in pieces:
                 if left < piece.count:
-                    unread.append(dataclasses.replace(piece, start=piece.start + left, count=piece.count - left))
+                    rest.append(dataclasses.replace(piece, start=piece.start + left, count=piece.count - left))
                 left = max(0, left - piece.count)
-            epoch = max(epoch, old.first_epoch - 1)
-            continue
-        share = Share.of(files, counts, pipeline, saved["input_pipelines"])
-        position = share.epoch_start(old.first_epoch) + consumed - in_pending
-        current = share.epoch_of(position)
-        end = share.epoch_start(current + 1)
+            where_each.append((share, rest, share.epoch_start(old.first_epoch), old.first_epoch - 1))
+        else:
+            position = share.epoch_start(old.first_epoch) + consumed - in_pending
+            where_each.append((share, [], position, share.epoch_of(position)))
+    # The job's epoch is the furthest pipeline's: hosts with unequal shares drift apart, and each old
+    # pipeline's records up to the end of that epoch are read once before the new layout's next one.
+    epoch = max(its_epoch for *_, its_epoch in where_each)
+    unread: list[Piece] = []
+    for pipeline, (share, rest, position, _) in enumerate(where_each):
+        unread += rest
+        end = share.epoch_start(epoch + 1)
         if end > position:
             unread.append(Piece(old.seed, saved["input_pipelines"], pipeline, position, end - position))
-        epoch = max(epoch, current)
     left_over = sum(piece.count for piece in unread)
     pending = tuple(
         _cut(unread, left_over * new // layout["input_pipelines"], left_over * (new + 1) // layout["input_pipelines"])
         for new in range(layout["input_pipelines"])
     )
+    behind = min(its_epoch for *_, its_epoch in where_each)
+    drift = f" (the hosts were in epochs {behind} to {epoch}: each reads to its end)" if behind < epoch else ""
     return Order(
         old.seed,
         step,
-        f"{where}: {left_over:,} records left in epoch {epoch}, redistributed",
+        f"{where}: {left_over:,} records left to the end of epoch {epoch}{drift}, redistributed",
         first_epoch=epoch + 1,
         pending=pending,
     )

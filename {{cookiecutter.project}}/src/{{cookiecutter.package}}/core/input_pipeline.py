@@ -350,10 +350,17 @@ def train_stream(
     return stream
 
 
-def batch_key(seed: int, pipeline_id: int, index) -> tf.Tensor:
-    """The stateless-RNG key of a pipeline's `index`-th train batch of the order seeded `seed`: an
-    int64 [2] tensor, a function of the position alone (`Task.parse_batch`'s `seed`)."""
-    return tf.stack([tf.constant(seed, tf.int64), tf.constant(pipeline_id, tf.int64) * 2**40 + index])
+def batch_key(seed: int, pipeline_id: int, index, from_step: int = 0) -> tf.Tensor:
+    """The stateless-RNG key of a pipeline's `index`-th train batch of the order seeded `seed` that
+    began at the run's step `from_step`: an int64 [2] tensor, a function of the position in the run
+    alone (`Task.parse_batch`'s `seed`). An order that begins later (a resume on another layout, which
+    counts its batches from 0 again) keys from another stream: no earlier order's key comes back."""
+    return tf.stack(
+        [
+            tf.constant(seed, tf.int64) + tf.constant(from_step, tf.int64) * 2**32,
+            tf.constant(pipeline_id, tf.int64) * 2**40 + index,
+        ]
+    )
 
 
 def _warn_record_level(files: list[str], num_pipelines: int) -> bool:
@@ -390,13 +397,15 @@ def train_pipeline(
     pending: tuple[Piece, ...] = (),
     cache: bool = False,
     data_config=None,
+    from_step: int = 0,
 ) -> tf.data.Dataset:
     """One host's train input: batches of `batch_size` (per replica) parsed by `task` with the run's
     `data_config` (the config's `data` section: `Task.parse_batch` reads its run-time keys), repeated
     forever from `start` (the records this pipeline consumed before: see `train_stream`, which also
     says what `first_epoch` and `pending` are), in the resumable order of `seed`, which must be the
     same on every host. With `accumulation_steps` > 1, each element is the [k, batch, ...]
-    micro-batches of one optimizer update."""
+    micro-batches of one optimizer update. The order began at the run's step `from_step` (its batches'
+    keys: `batch_key`)."""
     _warn_record_level(files, num_pipelines)
     dataset = train_stream(
         files,
@@ -411,9 +420,12 @@ def train_pipeline(
         compression=compression,
         cache=cache,
     ).batch(batch_size, drop_remainder=True)
-    # Each batch's random draws (augmentation) are keyed by its place in the order: a resumed
-    # input hands the same batch the same key, so it draws what the uninterrupted run drew.
-    keys = tf.data.Dataset.range(start // batch_size, 2**62).map(lambda index: batch_key(seed, pipeline_id, index))
+    # Each batch's random draws (augmentation) are keyed by its place in the run (the order and its
+    # place in it): a resumed input hands the same batch the same key, so it draws what the
+    # uninterrupted run drew, and a later order never draws an earlier one's.
+    keys = tf.data.Dataset.range(start // batch_size, 2**62).map(
+        lambda index: batch_key(seed, pipeline_id, index, from_step)
+    )
     dataset = tf.data.Dataset.zip(dataset, keys).map(
         lambda batch, key: task.parse_batch(batch, manifest, training=True, seed=key, data_config=data_config),
         num_parallel_calls=AUTOTUNE,
@@ -491,12 +503,14 @@ def distributed_dataset(
     pending: tuple[tuple[Piece, ...], ...] = (),
     cache: str = "none",
     data_config=None,
+    from_step: int = 0,
 ):
     """(the per-host datasets of `split` distributed over `strategy`'s replicas, the number of
     global steps of one evaluation pass or None when training). Training starts where `start_step`
-    steps of this order have consumed (each pipeline's share of them); `pending` holds each
-    pipeline's pieces of an earlier layout's epoch (`train_stream`). `cache` is data.cache;
-    `data_config` the run's data section, which `Task.parse_batch` is given."""
+    steps of this order have consumed (each pipeline's share of them), at the run's step
+    `from_step` + `start_step` (the order began at `from_step`); `pending` holds each pipeline's
+    pieces of an earlier layout's epoch (`train_stream`). `cache` is data.cache; `data_config` the
+    run's data section, which `Task.parse_batch` is given."""
     files, examples_per_file = split_files(data_dir, manifest, split)
     split_bytes = manifest["splits"][split].get("bytes", math.inf)  # unknown size: never cached
     num_pipelines = []
@@ -535,6 +549,7 @@ def distributed_dataset(
             start=start_step * per_replica * accumulation_steps * replicas_per_pipeline,
             first_epoch=first_epoch,
             pending=pending[context.input_pipeline_id] if pending else (),
+            from_step=from_step,
             **shared,
         )
 
@@ -546,11 +561,11 @@ def distributed_dataset(
 
 
 def training_dataset(
-    cfg, task, target, manifest: dict, seed: int, start_step: int = 0, first_epoch: int = 0, pending=()
+    cfg, task, target, manifest: dict, seed: int, start_step: int = 0, first_epoch: int = 0, pending=(), from_step=0
 ):
     """The train split in the resumable order of `seed`, `start_step` steps into it, distributed over
-    the replicas of `target` (a resolved distribute.Target); `first_epoch` and `pending` as an
-    input_cursor.Order holds them after a resume on another layout."""
+    the replicas of `target` (a resolved distribute.Target); `first_epoch`, `pending` and `from_step`
+    (the run's step the order began at) as an input_cursor.Order holds them."""
     dataset, _ = distributed_dataset(
         target.strategy,
         cfg.data.dir,
@@ -567,5 +582,6 @@ def training_dataset(
         pending=pending,
         cache=cfg.data.cache,
         data_config=cfg.data,
+        from_step=from_step,
     )
     return dataset

@@ -206,6 +206,7 @@ class Trainer:
                 start_step=restored.initial_step - order.from_step,
                 first_epoch=order.first_epoch,
                 pending=order.pending,
+                from_step=order.from_step,
             )
             if restored.remaining > 0
             else None
