@@ -44,13 +44,15 @@ def exhausting(build, step: str):
     return build_exhausting
 
 
-def assert_one_line(raised: pytest.ExceptionInfo, cfg, *where: tuple[str, str], precision: str = "float32") -> None:
-    """The UserError is the one line (estimate and levers, those of the run's `precision`), and the
-    error it replaces was raised through each (file, function) of `where`."""
+def assert_one_line(
+    raised: pytest.ExceptionInfo, cfg, *where: tuple[str, str], precision: str = "float32", quoted: str = MEMORY_ERROR
+) -> None:
+    """The UserError is the one line (TensorFlow's news `quoted`, the estimate and the levers of the
+    run's `precision`), and the error it replaces was raised through each (file, function) of `where`."""
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(
-        f"out of device memory at {cfg.train.global_batch_size // 8} examples per replica ({MEMORY_ERROR}); "
+        f"out of device memory at {cfg.train.global_batch_size // 8} examples per replica ({quoted}); "
     )
     assert "; the step needs about " in message and " per replica (weights " in message
     # bfloat16 is a lever of a float32 run only.
@@ -125,7 +127,9 @@ def test_out_of_memory_in_the_final_evaluation_make_eval_and_the_export_is_one_l
     monkeypatch.setattr(tasks.load(cfg.task), "build_serving_signature", build_serving_signature)
     with pytest.raises(UserError) as raised:
         trainer.train(config.load(str(tmp_path / "config.yaml"), registry=tasks), tasks.load(cfg.task))
-    assert_one_line(raised, cfg, ("trainer.py", "finish"), ("run_dir.py", "export"))
+    assert_one_line(
+        raised, cfg, ("trainer.py", "finish"), ("run_dir.py", "export"), quoted="Ran out of memory in memory space hbm"
+    )
 
 
 def test_out_of_memory_in_parity_is_one_line_with_the_one_device_side_planned(data_dir, tmp_path, monkeypatch):

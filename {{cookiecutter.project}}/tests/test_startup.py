@@ -2,7 +2,6 @@
 auto` measured once per setting and reused (resume, rerun, new run directory), on the model that
 is trained; time to first step and the goodput record summed over every start of a run."""
 
-import copy
 import dataclasses
 import json
 import os
@@ -274,9 +273,10 @@ def another(value):
 
 
 def edited(cfg, section: str, name: str, value):
-    changed = copy.deepcopy(cfg)
-    setattr(getattr(changed, section) if section else changed, name, value)
-    return changed
+    """`cfg` with one key changed (a config is a value: derived, not edited)."""
+    if not section:
+        return dataclasses.replace(cfg, **{name: value})
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: value})})
 
 
 def ways_to_change(key: str, cfg, target, precision: str) -> list:
