@@ -136,6 +136,33 @@ def test_background_saves_are_set_up_at_the_first_boundary_and_each_save_copies_
     assert printed.count("background checkpoint saves set up at step 2: training held") == 1
 
 
+def test_a_first_boundary_saved_already_holds_the_set_up_alone_and_logs_all_it_held(float32_policy, tmp_path, capsys):
+    """At a first boundary whose step the newest checkpoint holds already, nothing is saved: the
+    background saves' set-up is an entry of its own, and TensorBoard's checkpoint_blocking_seconds
+    at that step holds the set-up with the (nil) save. A second fit over the same checkpoint has
+    nothing to set up."""
+    model = dense_model(steps_per_execution=2)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "checkpoints"), max_to_keep=5)
+    manager.save(checkpoint_number=2)
+    report, writer = callbacks.Report(step=0), tf.summary.create_file_writer(str(tmp_path / "logs"))
+    saves = callbacks.Checkpoints(0, manager, checkpoint_every=2, report=report, asynchronous=True, writer=writer)
+    fit(model, [saves], steps=4)
+    manager.sync()
+    writer.flush()
+    (set_up,) = re.findall(r"saves set up at step 2: training held ([\d.]+) s", capsys.readouterr().out)
+    held = report.checkpoint_blocking_seconds
+    assert steps_of(manager) == [2, 4] and len(held) == 2 and held[0] == pytest.approx(float(set_up), abs=1e-3)
+    logged = scalar_events(tmp_path / "logs")["checkpoint_blocking_seconds"]
+    assert logged[2] >= held[0] - 1e-6 and logged[4] == pytest.approx(held[1], rel=1e-5)
+    # A later fit in this process (its checkpoint's background saves set up already) sets up nothing.
+    later = callbacks.Report(step=4)
+    fit(model, [callbacks.Checkpoints(4, manager, checkpoint_every=2, report=later, asynchronous=True)], steps=4)
+    manager.sync()
+    assert len(later.checkpoint_blocking_seconds) == 2 and min(later.checkpoint_blocking_seconds) > 0
+    assert "set up" not in capsys.readouterr().out
+
+
 def test_no_set_up_without_a_save_in_the_fit_nor_for_synchronous_saves(float32_policy, tmp_path, capsys):
     for every, asynchronous in ((100, True), (4, False)):
         model = dense_model(steps_per_execution=2)

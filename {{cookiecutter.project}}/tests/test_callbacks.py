@@ -414,6 +414,7 @@ class Evaluations(callbacks.BetweenExecutions):
         ("min", [1.0, 0.9, 0.95, 0.8, 0.85, 0.9], 0.0, 24),  # improvements reset the count
         ("min", [1.0, 0.999, 0.998, 0.5], 0.01, 12),  # smaller than min_delta is no improvement
         ("max", [1.0, 0.9, 0.8, 2.0], 0.0, 12),  # higher is better: falling is no improvement
+        ("max", [1.0, 1.0, 1.0, 2.0], 0.0, 12),  # nor is staying level
         ("max", [1.0, 1.001, 1.002, 2.0], 0.01, 12),  # rising by less than min_delta is no improvement either
         ("max", [1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16, 1.18], 0.01, None),  # beyond it: on
         ("min", [1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.88, 0.86, 0.84, 0.82], 0.01, None),

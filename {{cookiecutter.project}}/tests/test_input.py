@@ -439,6 +439,9 @@ def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(da
     same = restored()
     assert same.restored["step"] == 120 and same.restored["train_files"] == manifest["splits"]["train"]["files"]
     assert same.resume(120, reseed=False) == input_cursor.Order(7, 40)  # the order goes on: position 80 steps in
+    assert restored().resume(1, reseed=False) == input_cursor.Order(7, 40)  # from any step but the first
+    fresh = input_cursor.InputCursor(layout, step=lambda: 0)
+    assert fresh.resume(0, reseed=False) == input_cursor.Order(layout["seed"], 0)  # a new run: no note
     with pytest.raises(UserError) as refused:
         restored(global_batch_size=256, replicas=16).resume(120, reseed=False)
     message = str(refused.value)
@@ -687,3 +690,12 @@ def test_epochs_resumed_on_1_then_4_input_pipelines_feed_every_record_once_each(
         host[(steps - 1) * 2 :] for host in hosts_read(third, first_steps + 2, steps + 1)
     ]
     assert hosts_read(fourth, first_steps + 3, steps - 1) == [host[2:] for host in read]
+
+
+def test_a_step_takes_each_pipelines_share_of_every_micro_batch():
+    """What an elastic resume counts as read: per step, each input pipeline's share of the global
+    batch times the accumulation steps (16 x 3 over 4 pipelines)."""
+    from {{ cookiecutter.package }}.core import input_cursor
+
+    layout = {"global_batch_size": 16, "gradient_accumulation_steps": 3, "input_pipelines": 4, "replicas": 8}
+    assert input_cursor.records_per_step(layout) == 12

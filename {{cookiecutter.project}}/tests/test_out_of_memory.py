@@ -15,6 +15,7 @@ from conftest import REPLICAS, config_file, tiny_config
 from {{ cookiecutter.package }} import evaluate, parity, tasks
 from {{ cookiecutter.package }}.core import config, levers, memory, trainer
 from {{ cookiecutter.package }}.core.errors import UserError
+from {{ cookiecutter.package }}.core.topology import Target
 
 
 def run_out_of_memory():
@@ -218,6 +219,24 @@ def test_the_levers_are_those_the_config_does_not_use_yet():
     assert all(lever.setting and lever.effect for lever in [*levers.LEVERS, levers.ACCUMULATION])
     batched = config.load(None, ["train.global_batch_size=256", "train.gradient_accumulation_steps=2"], registry=tasks)
     assert levers.accumulation(batched, 4) == "train.global_batch_size=64 train.gradient_accumulation_steps=8"
+
+
+def test_each_lever_plans_what_it_sets_and_only_a_tpu_has_hbm_to_plan_against():
+    """The doctor plans each lever by its `change`: the value its setting names. A replica's HBM is a
+    known TPU's; off one (a GPU, a CPU, a TPU of unknown type) there is none, and the line has no
+    estimate's 'of N GiB HBM'. An estimate that fails is named, and the line still comes."""
+    for lever in levers.LEVERS:
+        _, value = lever.setting.split("=")
+        (planned,) = lever.change.values()
+        assert str(planned).lower() == value, lever.setting
+    v5e = Target("tpu", 8, 1, tpu_type="v5litepod-8", chips=8)
+    assert levers.replica_hbm_bytes(v5e) == 16 * 10**9  # a v5e chip's 16 GB, one replica a chip
+    assert levers.replica_hbm_bytes(Target("gpu", 8, 1, tpu_type="v5litepod-8")) == 0
+    assert levers.replica_hbm_bytes(Target("tpu", 8, 1)) == 0
+    cfg = config.load(None, [], registry=tasks)
+    error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+    line = levers.out_of_memory(cfg, None, {}, Target("cpu", 1, 1), error)
+    assert "; no estimate (AttributeError);" in line and "HBM" not in line
 
 
 def test_the_measured_peak_is_set_beside_the_plan():

@@ -398,13 +398,12 @@ class Checkpoints(BetweenExecutions):
         return seconds
 
     def saves_in_this_fit(self, initial_step: int) -> bool:
-        """Whether a checkpoint boundary lies in the steps fit was given (Keras' params; True when
-        they are not known)."""
+        """Whether a checkpoint boundary lies in the steps fit was given (Keras' params: the trainer's
+        fit is one epoch of `steps`; True when they are not known)."""
         params = self.params or {}
         if params.get("steps") is None:
             return bool(self.checkpoint_every)
-        last = initial_step + params["steps"] * (params.get("epochs") or 1)
-        return crossed(self.checkpoint_every, initial_step, last)
+        return crossed(self.checkpoint_every, initial_step, initial_step + params["steps"])
 
 
 def prepare_background_saves(manager: tf.train.CheckpointManager) -> bool:
