@@ -4,7 +4,8 @@
 #                   update, each bake's fast tests, and the end-to-end runs (both classification tasks, a task added with make new-task, every make target of the default bake, each other task's bake through its data, train, eval, predict, doctor, benchmark and DRY_RUN targets, and a bake on the TPU VM's TensorFlow set: make setup TF=2.19, the fast-tier files that reach what moves between the sets, a short train)
 #   make test-fast  the same without the end-to-end runs (pytest -m "not slow")
 #   make test-release  each bake's make test-full (less the TPU tests), the whole fast tier on the TPU VM's TensorFlow set,
-#                   and each bake's real-data recipe against its README's figure, kept out of make test (pytest -m release): about two hours
+#                   each bake's real-data recipe against its README's figure, and the language-model bake's make mutate,
+#                   kept out of make test (pytest -m release): about three hours
 #   make lint       ruff on the template's Python files (tools/ruff_template.py); make format applies it
 SHELL := bash
 PYTHON ?= python3

@@ -62,6 +62,7 @@ TARGETS: dict[str, dict] = {
     "test": {"special": "run by tests/test_generated.py::test_generated_project_tests_pass"},
     "test-full": {"special": "the slow tier of `make test`; tests/test_generated.py runs the fast one"},
     "test-tpu": {"special": "needs a TPU VM"},
+    "mutate": {"special": "about an hour: tests/test_generated.py::test_make_mutate_kills_nine_in_ten_mutants_of_every_target (make test-release)"},
     "lint": {"after": ()},
     "format": {"special": "rewrites the sources; `make lint` checks the same rules"},
     "data": {"after": ("SMALL=1",)},

@@ -181,6 +181,19 @@ def test_every_tier_passes(set_up_project, text_project, language_project, task)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 
 
+@pytest.mark.release
+def test_make_mutate_kills_nine_in_ten_mutants_of_every_target(set_up_project, language_project):
+    """`make mutate` in the language model's bake (the core's targets are the same in every bake):
+    cosmic-ray mutates each target's functions and runs the tests that claim them; every target
+    scores at least 90% of its non-equivalent mutants killed, and each mutant's tests ran. About an
+    hour on 2 cores."""
+    output = make(language_project, "mutate", timeout=3 * 3600)
+    report = json.loads((language_project / "build/mutate/report.json").read_text())
+    assert {target["module"] for target in report} >= {"core/memory.py", "core/input_cursor.py", "core/levers.py"}
+    for target in report:
+        assert target["mutants"] > 0 and target["score"] >= 0.9 and not target["not run"], (target, output[-3000:])
+
+
 @pytest.mark.slow
 def test_text_end_to_end_reaches_the_promised_accuracy(set_up_project, text_project):
     """The text task as a user runs it: data -> preprocess (tokenizer) -> train -> eval -> doctor -> predict."""
