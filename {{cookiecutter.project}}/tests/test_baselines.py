@@ -67,9 +67,10 @@ def test_the_prior_decides_between_the_likelihoods_hand_counted_bounds():
 
 def test_both_linear_baselines_agree_with_a_whole_split_count_on_every_example():
     """On random data in many batches (naive Bayes: sparse counts of 10 words, so that the smoothing
-    matters; the ridge: 3 features, one a near-copy of another, so that the ridge matters), each model's decision on 300 eval examples against the same model counted on the
-    whole train split at once, by its definition: the eval labels are that count's decisions, so
-    the accuracy is 1 exactly when every decision agrees. The majority class counts every batch."""
+    matters; the ridge: 3 features, one a near-copy of another, so that the ridge matters), each
+    model's decision on 300 eval examples against the same model counted on the whole train split
+    at once, by its definition: the eval labels are that count's decisions, so the accuracy is 1
+    exactly when every decision agrees. The majority class counts every batch."""
     rng = np.random.default_rng(0)
     counts = rng.poisson(0.3, size=(40, 10)).astype(np.float32)
     labels = (counts[:, :5].sum(axis=1) + rng.normal(0, 1, 40) > counts[:, 5:].sum(axis=1)).astype(int)

@@ -442,6 +442,8 @@ def test_the_cursor_travels_in_the_checkpoint_and_a_changed_input_is_one_line(da
     assert restored().resume(1, reseed=False) == input_cursor.Order(7, 40)  # from any step but the first
     fresh = input_cursor.InputCursor(layout, step=lambda: 0)
     assert fresh.resume(0, reseed=False) == input_cursor.Order(layout["seed"], 0)  # a new run: no note
+    # A cursor saved before the order had a first epoch and pending pieces: epoch 0, nothing pending.
+    assert input_cursor.Order.of({"order_seed": 7, "order_from_step": 40}) == input_cursor.Order(7, 40)
     with pytest.raises(UserError) as refused:
         restored(global_batch_size=256, replicas=16).resume(120, reseed=False)
     message = str(refused.value)
@@ -604,6 +606,8 @@ def test_epochs_resumed_on_1_then_4_input_pipelines_feed_every_record_once_each(
                     consumed=(step - order.from_step) * per_step,
                     first_epoch=order.first_epoch,
                     pending=order.pending[host] if order.pending else (),
+                    compression="none",
+                    cache=False,
                 )
                 .take(steps * per_step)
                 .as_numpy_iterator()
@@ -699,3 +703,23 @@ def test_a_step_takes_each_pipelines_share_of_every_micro_batch():
 
     layout = {"global_batch_size": 16, "gradient_accumulation_steps": 3, "input_pipelines": 4, "replicas": 8}
     assert input_cursor.records_per_step(layout) == 12
+
+
+def test_orders_begun_at_other_steps_key_apart_and_a_share_is_a_value():
+    """The first batch's key of orders begun at steps 0 to 5 (an elastic resume begins a new one):
+    no two alike. A pipeline's share of the files is a value: nothing assigns to it."""
+    keys = {tuple(input_pipeline.batch_key(7, 0, 0, from_step=step).numpy()) for step in range(6)}
+    assert len(keys) == 6
+    # The key itself, as the README gives it: a resume under a later version draws what this one drew.
+    assert input_pipeline.batch_key(7, 3, 5, from_step=2).numpy().tolist() == [7 + 2 * 2**32, 3 * 2**40 + 5]
+    share = input_pipeline.Share.of(["a", "b", "c"], [1, 2, 3], pipeline_id=1, num_pipelines=2)
+    assert (share.files, share.counts, share.total) == (["b"], [2], 2)
+    # As many files as pipelines: still a file each.
+    assert input_pipeline.Share.of(["a", "b"], [1, 2], 1, 2) == input_pipeline.Share(["b"], [2], 1, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        share.stride = 2
+    # Record-level sharding, pipeline 1 of 3 of one file of 10 records: records 1, 4, 7, then 0, 3, ...
+    # of the next epoch (its 3rd record, index 9 of the stream, is the epoch's 10th record: epoch 1).
+    records = input_pipeline.Share.of(["a"], [10], pipeline_id=1, num_pipelines=3)
+    assert [records.epoch_of(kept) for kept in (0, 2, 3, 6, 7)] == [0, 0, 1, 1, 2]
+    assert [records.epoch_start(epoch) for epoch in (0, 1, 2)] == [0, 3, 7]

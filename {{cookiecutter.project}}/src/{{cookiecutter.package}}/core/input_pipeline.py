@@ -225,8 +225,9 @@ class Share:
         return (kept * self.stride + self.phase) // self.total
 
     def epoch_start(self, epoch: int) -> int:
-        """The index of the pipeline's first record of `epoch`."""
-        return max(0, -(-(epoch * self.total - self.phase) // self.stride))
+        """The index of the pipeline's first record of `epoch`: the ceiling of (epoch x total - phase) /
+        stride, which is 0 for epoch 0 (the phase is less than the stride)."""
+        return -(-(epoch * self.total - self.phase) // self.stride)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,13 +315,13 @@ def train_stream(
     *,
     seed: int,
     window: int,
-    pipeline_id: int = 0,
-    num_pipelines: int = 1,
-    consumed: int = 0,
-    first_epoch: int = 0,
-    pending: tuple[Piece, ...] = (),
-    compression: str = "none",
-    cache: bool = False,
+    pipeline_id: int,
+    num_pipelines: int,
+    consumed: int,
+    first_epoch: int,
+    pending: tuple[Piece, ...],
+    compression: str,
+    cache: bool,
 ) -> tf.data.Dataset:
     """One pipeline's train records after its first `consumed` since the order began: the `pending`
     pieces (another layout's unread records of the epoch it stopped in), then its own stream
@@ -350,7 +351,7 @@ def train_stream(
     return stream
 
 
-def batch_key(seed: int, pipeline_id: int, index, from_step: int = 0) -> tf.Tensor:
+def batch_key(seed: int, pipeline_id: int, index, from_step: int) -> tf.Tensor:
     """The stateless-RNG key of a pipeline's `index`-th train batch of the order seeded `seed` that
     began at the run's step `from_step`: an int64 [2] tensor, a function of the position in the run
     alone (`Task.parse_batch`'s `seed`). An order that begins later (a resume on another layout, which
