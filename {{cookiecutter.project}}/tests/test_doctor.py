@@ -241,6 +241,10 @@ def test_the_plan_holds_the_configs_own_gradient_accumulator(data_dir, tmp_path)
     single, single_doctor, single_rule, *_ = plans(1)
     assert single.accumulator == single_doctor.accumulator == 0 and "accumulator" not in single_rule.message
     assert core.total == single.total + 4 * trainable and doctor_plan.total == single_doctor.total + 4 * trainable
+    # The config's optimizer (adamw: two moments) unless a lever names another.
+    assert cfg.train.optimizer == "adamw" and core.optimizer_slots == 2 * core.gradients
+    factored = memory.Planner(cfg, task, manifest).plan(8, 2**34, precision_name="bfloat16", optimizer="adafactor")
+    assert 0 < factored.optimizer_slots < core.gradients
 
 
 def test_the_flops_rule_gives_the_training_logs_count_and_the_time_at_the_chips_peak(data_dir, tmp_path):

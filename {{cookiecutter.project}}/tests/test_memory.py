@@ -214,6 +214,11 @@ def test_a_plan_passes_warns_and_fails_at_its_boundaries():
         )
 
     assert with_total(0).usable == usable
+    assert with_total(2**30).breakdown() == "activations 1.00 GiB"  # no loops, nothing left out
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        with_total(0).hbm = 1
+    # Adafactor factors a weight of 3 or more dimensions over its last two: 2x3 rows, 2x4 columns.
+    assert memory.optimizer_slot_elements("adafactor", [(2, 3, 4), (5,)]) == 2 * 3 + 2 * 4 + 5
     assert with_total(int(0.8 * usable)).verdict() == "pass"
     assert with_total(int(0.8 * usable) + 1).verdict() == "warn"
     assert with_total(usable).verdict() == "warn"
