@@ -566,7 +566,8 @@ def test_epochs_resumed_on_1_then_4_input_pipelines_feed_every_record_once_each(
     the first start stopped in (the furthest host's: hosts with unequal shares drift apart, and the
     one behind reads to the end of that epoch too); after its pieces, each of the 4 hosts reads its
     own order of the next epoch; and a fourth start on the same 4 hosts mid-pieces
-    feeds what the third would have fed, and so does a fifth past the longest host's pieces."""
+    feeds what the third would have fed, and so does a fifth past the longest host's pieces; a sixth
+    on 2 hosts, past the third's pieces, completes the next epoch with every record once."""
     from {{ cookiecutter.package }}.core import input_cursor
 
     manifest = numbered_split(tmp_path, counts)
@@ -694,6 +695,17 @@ def test_epochs_resumed_on_1_then_4_input_pipelines_feed_every_record_once_each(
         host[(steps - 1) * 2 :] for host in hosts_read(third, first_steps + 2, steps + 1)
     ]
     assert hosts_read(fourth, first_steps + 3, steps - 1) == [host[2:] for host in read]
+    # An elastic resume after an elastic one, past its pieces: 4 -> 2 hosts where the third start
+    # stopped. The next epoch's records the 4 hosts fed and the pieces the 2 hosts are handed are
+    # that epoch's records once each.
+    end = first_steps + 2 + steps
+    sixth = start(2, end, saved_at(third, end))
+    next_epoch = [record for host, count in zip(read, pieces) for record in host[count:]]
+    handed = [sum(piece.count for piece in host) for host in sixth.order.pending]
+    assert f"{sum(handed)} records left to the end of epoch {job_epoch + 1}" in sixth.order.note
+    read = hosts_read(sixth, end, -(-max(handed) // 4))
+    next_epoch += [record for host, count in zip(read, handed) for record in host[:count]]
+    assert collections.Counter(next_epoch) == dict.fromkeys(range(total), 1)
 
 
 def test_a_step_takes_each_pipelines_share_of_every_micro_batch():

@@ -184,6 +184,7 @@ def test_a_plan_adds_weights_gradients_slots_and_activations():
     )
     assert adamw.optimizer_slots == 8 * params and adamw.accumulator == 4 * params
     assert adamw.total == sgd.total + 8 * params and adamw.fits()
+    assert adamw.state == adamw.total - adamw.activations == 4 * params * 5  # weights, gradients, accumulator, 2 slots
     assert not dataclasses.replace(adamw, hbm=2**24).fits()
     # Every part is in the total, once: the trainable weights frozen still hold their weights, not gradients.
     frozen = memory.plan(
