@@ -179,6 +179,10 @@ def test_a_plan_adds_weights_gradients_slots_and_activations():
     )
     assert (sgd.weights, sgd.gradients, sgd.optimizer_slots, sgd.accumulator) == (4 * params,) * 3 + (0,)
     assert sgd.activations == 16 * 2**20  # twice the traced batch
+    odd = memory.plan(
+        traced, shapes, shapes, per_replica_batch=12, optimizer="sgd", momentum=0.9, accumulation_steps=1, hbm=2**30
+    )
+    assert odd.activations == 12 * 2**20  # 1.5 times the traced batch
     adamw = memory.plan(
         traced, shapes, shapes, per_replica_batch=16, optimizer="adamw", momentum=0.9, accumulation_steps=2, hbm=2**30
     )
