@@ -139,6 +139,10 @@ LOOPS = {  # a loop's counter: start, how it moves, the condition; the trips by 
     "i != 0, down by 3": (9, lambda i: i - 3, lambda i: tf.not_equal(0, i), 3),
     "i < 5 and i < 3": (0, lambda i: i + 1, lambda i: tf.logical_and(i < 5, i < 3), 3),
     "i < 0 (never runs)": (0, lambda i: i + 1, lambda i: i < 0, 0),
+    "i > 5, down (never runs)": (0, lambda i: i - 1, lambda i: i > 5, 0),
+    "i != 0 from 0 (never runs)": (0, lambda i: i + 1, lambda i: tf.not_equal(i, 0), 0),
+    "i >= 0, down by 2": (5, lambda i: i - 2, lambda i: i >= 0, 3),
+    "i < 7, 2 + i (the counter on the right of its step)": (0, lambda i: 2 + i, lambda i: i < 7, 4),
 }
 
 

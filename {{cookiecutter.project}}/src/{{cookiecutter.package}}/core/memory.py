@@ -482,12 +482,11 @@ def _conjuncts(tensor) -> list:
     return [tensor]
 
 
-def _trip_count(op, frame: _Frame | None = None) -> int | None:
+def _trip_count(op, frame: _Frame) -> int | None:
     """How many times a While loop runs its body: every test of its condition (tests joined by
     `and`) compares a counter (a loop variable that starts at, and moves by, values known before
     running) with a value known before running; None when a test is anything else (a loop that
     ends on its data runs a number of times known only when it runs)."""
-    frame = frame or _Frame(op.graph)
     cond, body = _function(op, "cond"), _function(op, "body")
     cond_frame, body_frame, invariant = _loop_frame(op, cond, frame), _loop_frame(op, body, frame), _invariant(body)
     bounds = []
