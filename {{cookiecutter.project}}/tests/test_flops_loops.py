@@ -143,6 +143,11 @@ LOOPS = {  # a loop's counter: start, how it moves, the condition; the trips by 
     "i != 0 from 0 (never runs)": (0, lambda i: i + 1, lambda i: tf.not_equal(i, 0), 0),
     "i >= 0, down by 2": (5, lambda i: i - 2, lambda i: i >= 0, 3),
     "i < 7, 2 + i (the counter on the right of its step)": (0, lambda i: 2 + i, lambda i: i < 7, 4),
+    "i < 8 from 1, by 3": (1, lambda i: i + 3, lambda i: i < 8, 3),
+    "i <= 8 from 3, by 2": (3, lambda i: i + 2, lambda i: i <= 8, 3),
+    "i > 2 from 10, down by 3": (10, lambda i: i - 3, lambda i: i > 2, 3),
+    "i >= 2 from 9, down by 2": (9, lambda i: i - 2, lambda i: i >= 2, 4),
+    "i != 10 from 1, by 3": (1, lambda i: i + 3, lambda i: tf.not_equal(i, 10), 3),
 }
 
 
