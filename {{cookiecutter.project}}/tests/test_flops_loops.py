@@ -139,6 +139,7 @@ LOOPS = {  # a loop's counter: start, how it moves, the condition; the trips by 
     "i != 0, down by 3": (9, lambda i: i - 3, lambda i: tf.not_equal(0, i), 3),
     "i < 5 and i < 3": (0, lambda i: i + 1, lambda i: tf.logical_and(i < 5, i < 3), 3),
     "i < 0 (never runs)": (0, lambda i: i + 1, lambda i: i < 0, 0),
+    "i < 3 from 5 (never runs)": (5, lambda i: i + 1, lambda i: i < 3, 0),
     "i > 5, down (never runs)": (0, lambda i: i - 1, lambda i: i > 5, 0),
     "i != 0 from 0 (never runs)": (0, lambda i: i + 1, lambda i: tf.not_equal(i, 0), 0),
     "i >= 0, down by 2": (5, lambda i: i - 2, lambda i: i >= 0, 3),
@@ -162,6 +163,7 @@ def test_a_loops_body_is_counted_once_per_trip_whatever_its_condition(name):
     "name, advance, condition",
     [
         ("i != 5, by 2 (steps over 5)", lambda i: i + 2, lambda i: tf.not_equal(i, 5)),
+        ("i != -2, by 2 (past it already)", lambda i: i + 2, lambda i: tf.not_equal(i, -2)),
         ("i > 0, up (runs on)", lambda i: i + 1, lambda i: i >= 0),
         ("i < 5, by a product", lambda i: i * 2 + 1, lambda i: i < 5),
     ],
@@ -169,6 +171,7 @@ def test_a_loops_body_is_counted_once_per_trip_whatever_its_condition(name):
 def test_a_loop_whose_trips_cannot_be_read_is_named_not_guessed(name, advance, condition):
     count, _ = counted(Repeated(0, advance, condition, name="repeated"))
     assert count.unknown == ("a loop of unknown length in looped/repeated",), name
+    assert count.counted == 0, name  # the loop is the model's only multiply: nothing guessed for it
 
 
 @pytest.mark.parametrize("costs", [(2, 1), (1, 3), (1, 3, 2), (3, 1, 2), (1, 2, 4)])
