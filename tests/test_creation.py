@@ -40,7 +40,8 @@ EXPECTED_FILES = {
         "test_flops_loops",
         "test_gcs_emulator",
         "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_parity_randomness", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
-        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train", "test_vertex", "test_gke")),
+        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train", "test_vertex", "test_gke", "mutate")),
+    "tests/mutate.toml",  # make mutate's targets
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.
 TASKS_DIR = ROOT / "{{cookiecutter.project}}" / "src" / "{{cookiecutter.package}}" / "tasks"

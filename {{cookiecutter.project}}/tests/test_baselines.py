@@ -247,6 +247,27 @@ def test_other_metrics_are_described_and_kept_and_without_a_value_or_a_baseline_
     assert baselines.beats(70.0, lower) is True and baselines.beats(70.01, lower) is False  # a tie beats it
 
 
+{%- if cookiecutter.task == "image_classification" %}
+
+
+def test_the_pixel_baseline_against_the_same_hand_count():
+    """The image task's baseline is the linear model above on the 8x8 block means of each channel:
+    uniform 8x8 images of intensity x / 3 give it x on every one of their 192 features, and the same
+    answers."""
+    from {{ cookiecutter.package }}.tasks.image_classification import TASK
+
+    def images(rows):
+        for features, labels in batches(rows):
+            yield np.ones((len(labels), 8, 8, 3), np.float32) * (features[:, :1, None, None] / 3.0), labels
+
+    found = TASK.score_baselines(images(RIDGE_TRAIN), images(RIDGE_EVAL), {"num_classes": 2})
+    assert found == {"majority": 0.4, "linear-8x8-pixels": 0.6}
+
+
+{%- endif %}
+{%- if cookiecutter.task == "language_model" %}
+
+
 def test_the_bigram_baseline_against_a_hand_count():
     """Vocabulary of 4 (0 is padding). Train pairs (input -> target): 1->2, 2->1, 1->2, 2->3, 1->3;
     targets 2, 1, 2, 3, 3 give the add-one unigram [1, 2, 3, 3] / 9. Context 1 was seen 3 times with
@@ -277,3 +298,6 @@ def test_the_bigram_baseline_against_a_hand_count():
     assert found["unigram"]["perplexity"] == pytest.approx(unigram, rel=1e-9)
     assert found["bigram"]["perplexity"] == pytest.approx(bigram, rel=1e-9)
     assert found["unigram"]["accuracy"] == pytest.approx(2 / 3) and found["bigram"]["accuracy"] == pytest.approx(1 / 3)
+
+
+{%- endif %}
