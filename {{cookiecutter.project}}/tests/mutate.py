@@ -35,11 +35,16 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
-import attrs
-from cosmic_ray.commands import init
-from cosmic_ray.mutating import mutate_and_test
-from cosmic_ray.work_db import WorkDB, use_db
-from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+try:
+    import attrs
+    from cosmic_ray.commands import init
+    from cosmic_ray.mutating import mutate_and_test
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+except ImportError as missing:
+    raise SystemExit(
+        f"make mutate needs cosmic-ray ({missing.name} is missing): run make setup (requirements-dev.txt)"
+    ) from None
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "mutate"
@@ -271,7 +276,9 @@ def main(argv=None) -> int:
     only = [part for part in args.only.split(",") if part]
     targets = [t for t in spec["target"] if not only or any(p in t["name"] or p in t["module"] for p in only)]
     if not targets:
-        raise SystemExit(f"--only {args.only!r} names no target of tests/mutate.toml: use part of a module's path")
+        raise SystemExit(
+            f"--only {args.only!r} names no target of tests/mutate.toml: name a target or part of its module's path"
+        )
     OUT.mkdir(parents=True, exist_ok=True)
     copies = [] if args.count else [copy_project(i) for i in range(max(1, args.jobs))]
     report = []
