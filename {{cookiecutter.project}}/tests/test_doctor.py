@@ -241,8 +241,9 @@ def test_the_plan_holds_the_configs_own_gradient_accumulator(data_dir, tmp_path)
     single, single_doctor, single_rule, *_ = plans(1)
     assert single.accumulator == single_doctor.accumulator == 0 and "accumulator" not in single_rule.message
     assert core.total == single.total + 4 * trainable and doctor_plan.total == single_doctor.total + 4 * trainable
-    # The config's optimizer (adamw: two moments) unless a lever names another.
-    assert cfg.train.optimizer == "adamw" and core.optimizer_slots == 2 * core.gradients
+    # The config's optimizer (adamw: two moments; sgd: one momentum) unless a lever names another.
+    moments = {"adamw": 2, "sgd": 1 if cfg.train.momentum else 0}[cfg.train.optimizer]
+    assert moments > 0 and core.optimizer_slots == moments * core.gradients
     factored = memory.Planner(cfg, task, manifest).plan(8, 2**34, precision_name="bfloat16", optimizer="adafactor")
     assert 0 < factored.optimizer_slots < core.gradients
 

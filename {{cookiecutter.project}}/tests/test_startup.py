@@ -244,6 +244,7 @@ def test_the_time_bound_stops_where_the_measured_rate_says(capsys):
         max_seconds_per_execution=bound,
         rounds=1,
         train_function=train_function,
+        negligible=None,  # the bound alone: a rate that stops improving would end the candidates too
     )
     tried = [m.steps_per_execution for m in measurements]
     assert tried == spe_lib.candidates(limit)[: len(tried)]
