@@ -30,7 +30,7 @@ EXPECTED_FILES = {
         "__init__", "baselines", "callbacks", "config", "distribute", "errors", "evaluation", "example_proto", "gcp", "goodput", "input_cursor", "input_pipeline",
         "keras", "levers", "memory", "model", "native_logs", "optimizers", "precision", "preemption", "preprocessing", "profiler",
         "recompute", "run_dir", "schedule", "steps_per_execution", "support", "task", "tensorflow_sets", "topology", "trainer",
-        "utilisation")),
+        "utilisation", "warm_start")),
     # What `make new-task` copies: a working skeleton task, its configs and its test file.
     *(f"src/{{package}}/tasks/_skeleton/{name}" for name in (
         "__init__.py", "task.py", "model.py", "test_task.py", "README.md", "configs/base.yaml", "configs/local.yaml",
@@ -40,7 +40,7 @@ EXPECTED_FILES = {
         "test_flops_loops",
         "test_gcs_emulator",
         "test_input", "test_layout", "test_memory", "test_new_task", "test_out_of_memory", "test_parity", "test_parity_randomness", "test_precision", "test_preprocess", "test_real_data", "test_schedule", "test_startup", "test_tensorboard",
-        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train", "test_vertex", "test_gke", "mutate")),
+        "test_run_dir", "test_tpu", "test_tpu_ops", "test_train", "test_vertex", "test_gke", "test_warm_start", "mutate")),
     "tests/mutate.toml",  # make mutate's targets
 }
 # What each task adds: its package under tasks/ (every file the template has there) and its own tests.

@@ -30,12 +30,12 @@ def set_up_project(default_project):
 
 # A bake's test files that check the core with models of their own, or with the task's model only as
 # a stand-in for any model: parity, the out-of-memory paths, background checkpoints and the callbacks,
-# the FLOPs of loops, the benchmark of checkpoint saves. The same code and the same tests in every bake:
+# the FLOPs of loops, another run's weights and frozen layers, the benchmark of checkpoint saves. The same code and the same tests in every bake:
 # make test runs them in the language model's bake (test_language_project_tests_pass) and leaves them
 # out of the image and text bakes' fast tiers; make test-release runs every bake's whole fast tier
 # (test_every_tier_passes).
 CORE_ONLY = ("test_parity.py", "test_parity_randomness.py", "test_out_of_memory.py", "test_async_checkpoint.py",
-             "test_callbacks.py", "test_flops_loops.py",
+             "test_callbacks.py", "test_flops_loops.py", "test_warm_start.py",
              "test_bench.py::test_bench_times_checkpoint_saves_on_local_disk_and_a_gcs_folder")
 
 

@@ -24,6 +24,7 @@ model
     model                  the task's network, compiled with optimizer, loss and metrics; a step
                            loss's global batch (gather) and global-batch mean (global_mean)
     optimizers, recompute  the optimizers (Adafactor's factored moments); recomputed blocks (model.remat)
+    warm_start             another run's weights at a new run's start (train.init_from); frozen layers
     memory, levers         the step's memory plan and FLOPs from shapes; the memory levers and the
                            one line an out-of-memory error becomes
 loop

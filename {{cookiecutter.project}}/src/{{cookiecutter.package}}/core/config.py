@@ -117,6 +117,17 @@ class TrainConfig:
     """SGD momentum (Nesterov); unused by adamw."""
     weight_decay: float = 0.0005
     """Decoupled weight decay applied by the optimizer."""
+    init_from: str = ""
+    """Another run whose model weights a new run starts from: its run directory (the newest
+    checkpoint), its checkpoints/best folder, or a checkpoint path. Weights are matched by layer and
+    weight name (core/warm_start.py); read at the run's first start only: a resume restores the run's
+    own checkpoint. Empty: random initialisation."""
+    init_skip: list[str] = field(default_factory=list)
+    """Weights left as initialised although `init_from` holds them: shell patterns of layer or weight
+    paths, e.g. [logits] for a head of another number of classes."""
+    freeze: list[str] = field(default_factory=list)
+    """Layers that do not train (shell patterns of layer names, e.g. [token_embedding, block0_*]):
+    no gradient, no optimizer slot, batch normalisation in inference mode."""
 
 
 @dataclass(frozen=True)
@@ -336,6 +347,8 @@ def _set(config: Config, key: str, value: Any, where: str, registry: TaskRegistr
 def validate(config: Config) -> Config:
     """Checks the values that have rules beyond their type; the task's sections check their own."""
     rt, tr, data = config.runtime, config.train, config.data
+    if tr.init_skip and not tr.init_from:
+        raise ConfigError("train.init_skip names weights to leave out of train.init_from, which is empty; set both")
     if rt.resume_input not in ("exact", "reseed"):
         raise ConfigError(f"runtime.resume_input must be exact or reseed, got {rt.resume_input!r}")
     if rt.strategy not in STRATEGIES:

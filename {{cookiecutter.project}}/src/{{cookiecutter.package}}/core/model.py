@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from . import optimizers, precision
+from . import optimizers, precision, warm_start
 from .config import Config
 from .errors import UserError
 from .keras import keras
@@ -184,8 +184,9 @@ class TaskModel(keras.Model):
 
 def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
     """`task`'s network for the data described by `manifest`, its layers' random generators in its
-    checkpoint (`track_random_generators`). With `train.gradient_accumulation_steps` > 1 or a task's
-    step loss, the same layers in a TaskModel (same weights, same checkpoints, same serving)."""
+    checkpoint (`track_random_generators`), the layers `train.freeze` names not trainable. With
+    `train.gradient_accumulation_steps` > 1 or a task's step loss, the same layers in a TaskModel (same
+    weights, same checkpoints, same serving)."""
     model = task.build_model(cfg.model, manifest)
     step_loss = task.build_step_loss(cfg.objective, manifest)
     if cfg.train.gradient_accumulation_steps > 1 or step_loss is not None:
@@ -193,6 +194,7 @@ def build_model(cfg: Config, task, manifest: dict) -> keras.Model:
         model.accumulation_steps = cfg.train.gradient_accumulation_steps
         if step_loss is not None:
             model.track_step_loss(step_loss, task.loss_terms)
+    warm_start.freeze(model, cfg.train.freeze)
     track_random_generators(model)
     return model
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from . import callbacks, distribute, goodput, input_cursor, input_pipeline, memory, precision
 from . import profiler
-from . import schedule
+from . import schedule, warm_start
 from . import utilisation as utilisation_lib
 from . import config as config_lib
 from . import steps_per_execution as spe_lib
@@ -166,7 +166,8 @@ class Trainer:
                 checkpoint, run_path(output_dir, "checkpoints", "best"), max_to_keep=1
             )
         with self.clock.phase(goodput.RESTORE):
-            restore_newest_readable(checkpoint, manager, cursor)
+            resumed = restore_newest_readable(checkpoint, manager, cursor)
+            self.initialise(start, model, resumed)
         initial_step = int(model.optimizer.iterations.numpy())
         if done and initial_step < furthest:  # its newest checkpoint could not be read: train on to it
             print(
@@ -191,6 +192,20 @@ class Trainer:
         )
         remaining = 0 if done else max(0, cfg.train.total_steps - initial_step)
         return Restored(model, manager, best_manager, cursor, initial_step, remaining, decision)
+
+    def initialise(self, start: Start, model, resumed: str | None) -> None:
+        """A new run's weights from `train.init_from` (a resume has its own: the source is not read);
+        the count of parameters that train where some do not."""
+        train = start.cfg.train
+        if train.init_from and resumed is None:
+            with start.target.strategy.scope():
+                source, found = warm_start.load(model, train.init_from, train.init_skip)
+            print(found.describe(source), flush=True)
+            start.record.update(initialised_from=found.summary(source, train.init_from))
+        elif train.init_from:
+            print(f"train.init_from not read: this run resumes its own checkpoint {resumed}", flush=True)
+        if train.init_from or train.freeze:
+            print(warm_start.parameters_line(model, train.freeze), flush=True)
 
     def settle_steps_per_execution(self, start: Start, restored: Restored) -> Ready:
         """The train input for this start, and the steps_per_execution it trains with (measured on the
