@@ -862,14 +862,29 @@ def checkpoint_values(path: str) -> dict:
 
 
 @pytest.mark.slow
-def test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one(data_dir, tmp_path):
+@pytest.mark.parametrize("fine_tune", [False, True], ids=["from-scratch", "from-another-run"])
+def test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one(data_dir, tmp_path, fine_tune):
     """runtime.deterministic on 8 replicas in float32, with the task's augmentation and dropout on: one
     start SIGKILLed after step 15 (resumed from its checkpoint at 10: the steps after it are repeated),
     the next SIGTERMed after step 25 (it saves at the next execution boundary, between checkpoints), the
     third finishes; its final weights and optimizer state (and the state of the dropout layers' random
     generators) equal an uninterrupted run's, bit for bit (batch norm's moving statistics, where the
-    model has them, to float rounding: see below), and the goodput record counts the repeated steps."""
+    model has them, to float rounding: see below), and the goodput record counts the repeated steps.
+    `from-another-run`: both start from a short run's weights (train.init_from), read once by each."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
+    source = []
+    if fine_tune:
+        made = subprocess.run(
+            train_command(data_dir, tmp_path / "source", "train.total_steps=6"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+        source = [f"train.init_from={tmp_path / 'source'}"]
     overrides = [
+        *source,
         "runtime.deterministic=true",
         "runtime.mixed_precision=float32",
         "train.total_steps=40",
@@ -879,7 +894,6 @@ def test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one(d
         "train.eval_every=0",
         *with_random_draws(),
     ]
-    env = {**os.environ, "PYTHONPATH": str(PROJECT / "src"), "PYTHONUNBUFFERED": "1"}
     straight = subprocess.run(
         train_command(data_dir, tmp_path / "straight", *overrides), capture_output=True, text=True, env=env, timeout=600
     )
@@ -902,6 +916,8 @@ def test_a_run_killed_and_preempted_ends_bitwise_equal_to_an_uninterrupted_one(d
     finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert "resumed from step " in finished.stdout and "the input at its step" in finished.stdout
+    if fine_tune:
+        assert "initialised from " in straight.stdout and "train.init_from not read" in finished.stdout
 
     want = checkpoint_values(str(tmp_path / "straight/checkpoints/ckpt-40"))
     got = checkpoint_values(str(tmp_path / "stopped/checkpoints/ckpt-40"))
