@@ -742,3 +742,38 @@ def test_the_bigram_baseline_is_witten_bell_over_the_unigram():
     assert found["unigram"]["accuracy"] == pytest.approx(sum(t == favourite for _, t in steps_taken) / steps)
     assert found["bigram"]["accuracy"] == pytest.approx(sum(likeliest[p] == t for p, t in steps_taken) / steps)
     assert found["bigram"]["accuracy"] > found["unigram"]["accuracy"]
+
+
+def test_a_shared_tokenizer_encodes_with_the_sources_ids(sample, tmp_path):
+    """data.tokenizer: preprocessing encodes with the named tokenizer (a data folder, a run's export or
+    the file) instead of training one, whatever data.vocab_size says; one without an end-of-document
+    id, one that is not a SentencePiece model and a folder without one are each one line."""
+    from {{ cookiecutter.package }}.core.errors import UserError
+    from {{ cookiecutter.package }}.tasks.text import tokenizer
+
+    raw, data = sample
+    source = json.loads((data / "manifest.json").read_text())
+    shared = run_preprocess(
+        raw, tmp_path / "shared", "--config", str(config_file(NAME)), f"data.tokenizer={data}", "data.vocab_size=64"
+    )
+    assert (
+        shared["tokenizer"]["sha256"] == source["tokenizer"]["sha256"] and shared["vocab_size"] == source["vocab_size"]
+    )
+    assert (tmp_path / "shared" / tokenizer.MODEL_FILE).read_bytes() == (data / tokenizer.MODEL_FILE).read_bytes()
+    model_bytes = (data / tokenizer.MODEL_FILE).read_bytes()
+    assert tokenizer.shared(str(data / tokenizer.MODEL_FILE), end_of_document=True) == model_bytes
+    run = tmp_path / "run" / "export" / "assets.extra"
+    run.mkdir(parents=True)
+    (run / tokenizer.MODEL_FILE).write_bytes(model_bytes)
+    assert tokenizer.shared(str(tmp_path / "run"), end_of_document=True) == model_bytes
+
+    plain = tmp_path / "plain.model"
+    plain.write_bytes(tokenizer.fit(["a plain text of a few words"] * 50, 24, 100, end_of_document=False))
+    assert tokenizer.shared(str(plain)) == plain.read_bytes()
+    with pytest.raises(UserError, match=r"has no end-of-document id \(2\), which a next-token model predicts"):
+        tokenizer.shared(str(plain), end_of_document=True)
+    (tmp_path / "broken.model").write_bytes(b"not a model")
+    with pytest.raises(UserError, match="broken.model is not a SentencePiece model"):
+        tokenizer.shared(str(tmp_path / "broken.model"))
+    with pytest.raises(UserError, match=f"data.tokenizer={tmp_path / 'run'}/export holds no tokenizer.model"):
+        tokenizer.shared(str(tmp_path / "run" / "export"))

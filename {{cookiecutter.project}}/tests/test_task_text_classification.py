@@ -640,3 +640,20 @@ def test_the_trainers_flops_per_step_are_the_text_classifiers_multiplies_counted
     pooled = (2 if cfg.model.pooling == "mean_max" else 1) * width + cfg.model.bag_width
     forward = seq_len * per_token + 2 * pooled * manifest["num_classes"]
     assert counted == pytest.approx(3 * forward * cfg.train.global_batch_size * 2, rel=1e-9)
+
+
+def test_a_shared_tokenizer_gives_the_pretrainings_ids(raw_dir, tmp_path):
+    """data.tokenizer: the classifier's text is encoded with the named tokenizer (here one with an
+    end-of-document id, as a language model's data has), not one trained on its own split; its ids
+    are that tokenizer's."""
+    from conftest import config_file, run_preprocess
+
+    texts = [path.read_text(errors="ignore") for path in sorted(raw_dir.rglob("*.txt"))[:200]]
+    pretraining = tmp_path / "pretraining.model"
+    pretraining.write_bytes(tokenizer.fit(texts, 300, 1000, end_of_document=True))
+    manifest = run_preprocess(
+        raw_dir, tmp_path / "data", "--config", str(config_file(TASK.name)), f"data.tokenizer={pretraining}"
+    )
+    assert manifest["tokenizer"]["sha256"] == tokenizer.sha256(pretraining.read_bytes())
+    assert manifest["vocab_size"] == tokenizer.vocab_size(pretraining.read_bytes()) != 2000
+    assert (tmp_path / "data" / tokenizer.MODEL_FILE).read_bytes() == pretraining.read_bytes()

@@ -215,3 +215,27 @@ def test_a_freeze_pattern_that_names_no_layer_is_one_line(data_dir, tmp_path):
 def test_init_skip_without_init_from_is_refused(data_dir, tmp_path):
     with pytest.raises(config.ConfigError, match="train.init_skip names weights to leave out of train.init_from"):
         tiny_config(data_dir, tmp_path, "train.init_skip=[logits]")
+
+
+def test_a_source_with_another_tokenizer_is_refused_in_one_line(tmp_path):
+    """The source run's export keeps its data manifest: a tokenizer other than the data's is refused
+    (the same ids would mean other pieces); the same one is said; without an export, or for data
+    without a tokenizer, nothing is refused."""
+    run = tmp_path / "pretrain"
+    extra = run / "export" / "assets.extra"
+    extra.mkdir(parents=True)
+    (extra / "manifest.json").write_text(json.dumps({"tokenizer": {"sha256": "a" * 64}}))
+    for folder in ("checkpoints", "checkpoints/best"):
+        source = warm_start.Source(str(run / folder / "ckpt-6"), {}, {}, 6)
+        assert warm_start.check_vocabulary(source, {"tokenizer": {"sha256": "a" * 64}}).startswith(
+            "the same tokenizer as the source run (sha256 aaaaaaaaaaaa)"
+        )
+        with pytest.raises(UserError) as raised:
+            warm_start.check_vocabulary(source, {"tokenizer": {"sha256": "b" * 64}})
+        message = str(raised.value)
+        assert "\n" not in message and "aaaaaaaaaaaa" in message and "bbbbbbbbbbbb" in message
+        assert f"preprocess with data.tokenizer={run} to share it" in message
+        assert warm_start.check_vocabulary(source, {}) == ""
+    unexported = warm_start.Source(str(tmp_path / "other" / "checkpoints" / "ckpt-6"), {}, {}, 6)
+    assert "not checked (it has no export)" in warm_start.check_vocabulary(unexported, {"tokenizer": {"sha256": "b"}})
+    assert warm_start.run_of(str(tmp_path / "loose" / "ckpt-1")) is None

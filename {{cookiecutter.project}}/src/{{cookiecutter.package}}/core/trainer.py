@@ -199,7 +199,7 @@ class Trainer:
         train = start.cfg.train
         if train.init_from and resumed is None:
             with start.target.strategy.scope():
-                source, found = warm_start.load(model, train.init_from, train.init_skip)
+                source, found = warm_start.load(model, train.init_from, train.init_skip, start.manifest)
             print(found.describe(source), flush=True)
             start.record.update(initialised_from=found.summary(source, train.init_from))
         elif train.init_from:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
 
 import tensorflow as tf
 
@@ -114,6 +115,8 @@ class Match:
     """[(path, shape, source shape)] named by train.init_skip: as initialised."""
     unused: list
     """Paths the source holds that this model has not."""
+    vocabulary: str = ""
+    """What was checked of the source's tokenizer (`check_vocabulary`), where the data has one."""
 
     def summary(self, source: Source, init_from: str) -> dict:
         """What metrics.json records (`initialised_from`)."""
@@ -135,6 +138,7 @@ class Match:
             f"({sum(_size(shape) for _, shape in self.loaded):,} parameters), {len(self.new)} new, "
             f"{len(self.skipped)} skipped by train.init_skip, {len(self.unused)} of the source's not in this model"
         ]
+        lines += [f"  {self.vocabulary}"] if self.vocabulary else []
         lines += [f"  new: {path} {list(shape)}" for path, shape in self.new]
         lines += [f"  skipped: {path} {list(shape)} (source {list(theirs)})" for path, shape, theirs in self.skipped]
         return "\n".join(lines)
@@ -177,11 +181,48 @@ def match(model, source: Source, init_skip) -> Match:
     return Match(loaded, new, skipped, sorted(set(source.keys) - used))
 
 
-def load(model, init_from: str, init_skip) -> tuple[Source, Match]:
-    """Reads `init_from`'s weights into `model` (built, under its strategy's scope); returns what it
+def run_of(checkpoint: str) -> str | None:
+    """The run directory a checkpoint is in (`runs/x` of runs/x/checkpoints/best/ckpt-600), or None."""
+    folder = f"/{checkpoint.rsplit('/', 1)[0]}"
+    return folder.rsplit("/checkpoints", 1)[0][1:] or "." if "/checkpoints" in folder else None
+
+
+def source_manifest(checkpoint: str) -> dict | None:
+    """The data manifest of the run that wrote `checkpoint`, as its export keeps it; None when the
+    run has no export (it never finished) or the checkpoint is not in a run directory."""
+    run = run_of(checkpoint)
+    path = run_path(run, "export", "assets.extra", "manifest.json") if run else None
+    if not path or not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as handle:
+        return json.load(handle)
+
+
+def check_vocabulary(source: Source, manifest: dict) -> str:
+    """Refuses, in one line, a source whose tokenizer is not the data's (the same ids would mean other
+    pieces); returns what was checked, for the start's log."""
+    theirs = (source_manifest(source.checkpoint) or {}).get("tokenizer")
+    ours = manifest.get("tokenizer")
+    if not ours:
+        return ""
+    if not theirs:
+        return "the source run's tokenizer not checked (it has no export)"
+    if theirs.get("sha256") != ours.get("sha256"):
+        raise UserError(
+            f"train.init_from: the source run's tokenizer (sha256 {str(theirs.get('sha256'))[:12]}) is not this "
+            f"data's ({str(ours.get('sha256'))[:12]}), so the same ids mean other pieces; preprocess with "
+            f"data.tokenizer={run_of(source.checkpoint)} to share it"
+        )
+    return f"the same tokenizer as the source run (sha256 {str(ours['sha256'])[:12]})"
+
+
+def load(model, init_from: str, init_skip, manifest: dict | None = None) -> tuple[Source, Match]:
+    """Reads `init_from`'s weights into `model` (built, under its strategy's scope) after checking
+    that the source's tokenizer, where the data has one, is the data's (`manifest`); returns what it
     read and what it matched."""
     source = Source.read(init_from)
-    found = match(model, source, init_skip)
+    vocabulary = check_vocabulary(source, manifest or {})
+    found = dataclasses.replace(match(model, source, init_skip), vocabulary=vocabulary)
     reader = tf.train.load_checkpoint(source.checkpoint)
     by_path = {weight_path(variable): variable for variable in model.weights}
     for path, _ in found.loaded:

@@ -73,10 +73,7 @@ class LanguageModelTask(Task):
     def fit_encoding(
         self, train_payloads: Sequence[Any], data_config: LanguageModelDataConfig, workdir: str
     ) -> dict[str, bytes]:
-        tokenizer_bytes = tokenizer.fit(
-            train_payloads, data_config.vocab_size, data_config.tokenizer_sample, end_of_document=True
-        )
-        return {tokenizer.MODEL_FILE: tokenizer_bytes}
+        return {tokenizer.MODEL_FILE: tokenizer.fit_or_share(train_payloads, data_config, end_of_document=True)}
 
     def encoding_sample_size(self, data_config: LanguageModelDataConfig) -> int:
         return data_config.tokenizer_sample

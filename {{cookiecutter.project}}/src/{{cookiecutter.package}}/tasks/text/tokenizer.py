@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Iterable, Sequence
 
 from ...core.errors import UserError
@@ -86,6 +87,60 @@ def fit(train_texts: Sequence[str], vocab_size: int, max_texts: int, end_of_docu
             f"({reason}); raise data.vocab_size"
         ) from None
     return model.getvalue()
+
+
+def shared(location: str, end_of_document: bool = False) -> bytes:
+    """The bytes of the SentencePiece model `data.tokenizer` names, to encode with instead of training
+    one: a `.model` file, a folder of shards that holds one (`tokenizer.model` beside the manifest),
+    or a run directory (the one its export holds). So text encoded for a fine-tune gets the ids the
+    pretraining's weights were trained on. One that was not made here (other special ids), or without
+    an end-of-document id where `end_of_document` needs one, is a one-line UserError."""
+    from apache_beam.io.filesystems import FileSystems
+
+    base = location.rstrip("/")
+    candidates = [location, f"{base}/{MODEL_FILE}", f"{base}/export/assets.extra/{MODEL_FILE}"]
+    found = next((path for path in candidates if not path.endswith("/") and _is_file(FileSystems, path)), None)
+    if found is None:
+        raise UserError(
+            f"data.tokenizer={location} holds no {MODEL_FILE}; give the file, the folder of shards it is in, "
+            "or the run directory whose export holds it"
+        )
+    with FileSystems.open(found) as handle:
+        model_bytes = handle.read()
+    try:
+        loaded = processor(model_bytes)
+    except RuntimeError:
+        raise UserError(f"data.tokenizer: {found} is not a SentencePiece model") from None
+    if (loaded.pad_id(), loaded.unk_id()) != (PAD_ID, UNK_ID):
+        raise UserError(
+            f"data.tokenizer: {found} has padding id {loaded.pad_id()} and unknown id {loaded.unk_id()}, not "
+            f"{PAD_ID} and {UNK_ID}; give a tokenizer this project's preprocessing trained"
+        )
+    if end_of_document and loaded.eos_id() != EOS_ID:
+        raise UserError(
+            f"data.tokenizer: {found} has no end-of-document id ({EOS_ID}), which a next-token model predicts; "
+            "share the tokenizer of a language model's data instead, or leave data.tokenizer empty to train one"
+        )
+    return model_bytes
+
+
+def _is_file(filesystems, path: str) -> bool:
+    """Whether `path` is a file: a local one (not a folder), or an object in a bucket (a bucket has
+    no folders: a prefix is not an object)."""
+    if "://" not in path:
+        return os.path.isfile(path)
+    try:
+        return filesystems.exists(path)
+    except Exception:  # noqa: BLE001 - a malformed path or an unreachable bucket: not this candidate
+        return False
+
+
+def fit_or_share(train_texts: Sequence[str], data_config, end_of_document: bool = False) -> bytes:
+    """The tokenizer preprocessing encodes with: `data.tokenizer`'s when set (`shared`), else one
+    trained on the train split (`fit`)."""
+    if data_config.tokenizer:
+        return shared(data_config.tokenizer, end_of_document)
+    return fit(train_texts, data_config.vocab_size, data_config.tokenizer_sample, end_of_document)
 
 
 # ----------------------------------------------------------------------------- tokenizing

@@ -63,9 +63,7 @@ class TextClassificationTask(ClassificationTask):
     def fit_encoding(
         self, train_payloads: Sequence[Any], data_config: ClassifierDataConfig, workdir: str
     ) -> dict[str, bytes]:
-        return {
-            tokenizer.MODEL_FILE: tokenizer.fit(train_payloads, data_config.vocab_size, data_config.tokenizer_sample)
-        }
+        return {tokenizer.MODEL_FILE: tokenizer.fit_or_share(train_payloads, data_config)}
 
     def encoding_sample_size(self, data_config: ClassifierDataConfig) -> int:
         return data_config.tokenizer_sample
