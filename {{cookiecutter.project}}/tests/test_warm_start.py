@@ -239,3 +239,32 @@ def test_a_source_with_another_tokenizer_is_refused_in_one_line(tmp_path):
     unexported = warm_start.Source(str(tmp_path / "other" / "checkpoints" / "ckpt-6"), {}, {}, 6)
     assert "not checked (it has no export)" in warm_start.check_vocabulary(unexported, {"tokenizer": {"sha256": "b"}})
     assert warm_start.run_of(str(tmp_path / "loose" / "ckpt-1")) is None
+
+
+def test_the_doctor_checks_the_source_before_the_run(finished_run, data_dir, tmp_path):
+    """model.init_from: the source's weights against the config's model and its tokenizer against the
+    data's, before any TPU hour: PASS with the counts, FAIL with the one line training would give."""
+    from conftest import MODEL_OVERRIDES
+    from test_doctor import check
+
+    from {{ cookiecutter.package }}.doctor import engine
+
+    _, output = finished_run
+    same = check(data_dir, *MODEL_OVERRIDES, f"train.init_from={output}", tmp_path=tmp_path)["model.init_from"]
+    model = model_of(tiny_config(data_dir, tmp_path / "probe"))
+    assert same.status == engine.PASS, same.message
+    assert f"ckpt-48 at step 48: {len(model.weights)} weights to load, 0 new, 0 skipped" in same.message
+    head = last_layer(model)
+    skipped = check(
+        data_dir, *MODEL_OVERRIDES, f"train.init_from={output}", f"train.init_skip=[{head}]", tmp_path=tmp_path
+    )["model.init_from"]
+    assert skipped.status == engine.PASS and " 0 skipped" not in skipped.message, skipped.message
+    missing = check(data_dir, *MODEL_OVERRIDES, f"train.init_from={tmp_path / 'none'}", tmp_path=tmp_path)
+    assert (
+        missing["model.init_from"].status == engine.FAIL and "holds no checkpoint" in missing["model.init_from"].message
+    )
+    wrong = check(
+        data_dir, *MODEL_OVERRIDES, f"train.init_from={output}", "train.init_skip=[no_such_layer]", tmp_path=tmp_path
+    )["model.init_from"]
+    assert wrong.status == engine.FAIL and "'no_such_layer' names no weight" in wrong.message
+    assert check(data_dir, *MODEL_OVERRIDES, tmp_path=tmp_path)["model.init_from"].status == engine.SKIP

@@ -35,6 +35,8 @@ Model ("Tensor dimensions", "Fully connected layers", "Batch normalization", "bf
   model.flops               the model FLOPs of one optimizer step (what the training log's TFLOP/s and MFU
                             divide) and the step time they take at the chips' peak: the fastest the step
                             can run
+  model.init_from           train.init_from is a readable checkpoint whose weights match the config's model
+                            (shapes, less what train.init_skip names) and whose run used the data's tokenizer
   model.precision           bfloat16 on a TPU (the MXU's native input type, half the memory traffic); on
                             a CPU, whether it computes bfloat16 natively (else emulated, several times slower)
 Input pipeline ("Static shapes", "Input pipeline performance", "Storage"):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..core import precision
+from ..core import precision, warm_start
+from ..core.errors import UserError
 from . import memory
 from .engine import (
     BATCH_FOR_SMALL_TILE,
@@ -132,6 +133,29 @@ def model_memory(ctx: Context) -> Verdict:
 @rule("model.flops")
 def model_flops(ctx: Context) -> Verdict:
     return memory.flops_verdict(ctx)
+
+
+@rule("model.init_from")
+def model_init_from(ctx: Context) -> Verdict:
+    train = ctx.cfg.train
+    if not train.init_from:
+        return skip("train.init_from is empty: a new run starts from random weights")
+    if ctx.unreadable(train.init_from):
+        return skip(f"{train.init_from}: not read, no Google Cloud credentials here (see data.credentials)")
+    if ctx.layers is None or ctx.manifest is None:
+        return skip("the model or the data's manifest could not be read (see model.build and data.manifest)")
+    try:
+        source = warm_start.Source.read(train.init_from)
+        vocabulary = warm_start.check_vocabulary(source, ctx.manifest)
+        found = warm_start.match(ctx.planner.model(precision_name=ctx.precision), source, train.init_skip)
+    except UserError as error:  # its message says what is wrong; then, after "; ", the fix
+        message, _, fix = str(error).partition("; ")
+        return fail(message, fix or "check train.init_from")
+    step = f" at step {source.step}" if source.step is not None else ""
+    return passed(
+        f"{source.checkpoint}{step}: {len(found.loaded)} weights to load, {len(found.new)} new, "
+        f"{len(found.skipped)} skipped by train.init_skip" + (f"; {vocabulary}" if vocabulary else "")
+    )
 
 
 @rule("model.precision")
