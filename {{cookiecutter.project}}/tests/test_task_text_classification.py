@@ -644,7 +644,7 @@ def test_the_trainers_flops_per_step_are_the_text_classifiers_multiplies_counted
 
 def test_a_shared_tokenizer_gives_the_pretrainings_ids(raw_dir, tmp_path):
     """data.tokenizer: the classifier's text is encoded with the named tokenizer (here one with an
-    end-of-document id, as a language model's data has), not one trained on its own split; its ids
+    end-of-document id, as next-token data has), not one trained on its own split; its ids
     are that tokenizer's."""
     from conftest import config_file, run_preprocess
 

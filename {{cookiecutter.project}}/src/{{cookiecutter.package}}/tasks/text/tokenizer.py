@@ -119,7 +119,7 @@ def shared(location: str, end_of_document: bool = False) -> bytes:
     if end_of_document and loaded.eos_id() != EOS_ID:
         raise UserError(
             f"data.tokenizer: {found} has no end-of-document id ({EOS_ID}), which a next-token model predicts; "
-            "share the tokenizer of a language model's data instead, or leave data.tokenizer empty to train one"
+            "share one trained for next-token data (with that id) instead, or leave data.tokenizer empty to train one"
         )
     return model_bytes
 
