@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import math
 
 import tensorflow as tf
 
@@ -96,9 +97,6 @@ class Source:
         step = int(reader.get_tensor(STEP_KEY)) if STEP_KEY in stored else None
         return cls(checkpoint, keys, {path: tuple(stored[key]) for path, key in keys.items()}, step)
 
-    def value(self, path: str):
-        return tf.train.load_checkpoint(self.checkpoint).get_tensor(self.keys[path])
-
 
 # ------------------------------------------------------------------------------------ the match
 
@@ -125,7 +123,7 @@ class Match:
             "checkpoint": source.checkpoint,
             "step": source.step,
             "loaded": len(self.loaded),
-            "loaded_parameters": sum(_size(shape) for _, shape in self.loaded),
+            "loaded_parameters": sum(math.prod(shape) for _, shape in self.loaded),
             "new": [f"{path} {list(shape)}" for path, shape in self.new],
             "skipped": [f"{path} {list(shape)} (source {list(theirs)})" for path, shape, theirs in self.skipped],
             "unused": len(self.unused),
@@ -135,20 +133,13 @@ class Match:
         step = f" at step {source.step}" if source.step is not None else ""
         lines = [
             f"initialised from {source.checkpoint}{step}: {len(self.loaded)} weights loaded "
-            f"({sum(_size(shape) for _, shape in self.loaded):,} parameters), {len(self.new)} new, "
+            f"({sum(math.prod(shape) for _, shape in self.loaded):,} parameters), {len(self.new)} new, "
             f"{len(self.skipped)} skipped by train.init_skip, {len(self.unused)} of the source's not in this model"
         ]
         lines += [f"  {self.vocabulary}"] if self.vocabulary else []
         lines += [f"  new: {path} {list(shape)}" for path, shape in self.new]
         lines += [f"  skipped: {path} {list(shape)} (source {list(theirs)})" for path, shape, theirs in self.skipped]
         return "\n".join(lines)
-
-
-def _size(shape) -> int:
-    size = 1
-    for dim in shape:
-        size *= int(dim)
-    return size
 
 
 def match(model, source: Source, init_skip) -> Match:
@@ -256,7 +247,7 @@ def freeze(model, patterns) -> list[str]:
 
 def parameters_line(model, frozen: list[str]) -> str:
     """How many parameters train, and what is frozen."""
-    trainable = sum(_size(variable.shape) for variable in model.trainable_weights)
-    total = sum(_size(variable.shape) for variable in model.weights)
+    trainable = sum(math.prod(variable.shape) for variable in model.trainable_weights)
+    total = sum(math.prod(variable.shape) for variable in model.weights)
     line = f"{trainable:,} of {total:,} parameters train"
     return line + (f" (train.freeze: {', '.join(frozen)})" if frozen else "")
