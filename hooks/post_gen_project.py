@@ -22,6 +22,8 @@ ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 
 
 TASK = "{{ cookiecutter.task }}"
+MORE = tuple(name.strip() for name in "{{ cookiecutter.more_tasks }}".split(",") if name.strip())
+"""Other shipped tasks the project keeps beside TASK (pre_gen_project.py checked the names)."""
 PACKAGE = "{{ cookiecutter.package }}"
 
 
@@ -30,15 +32,63 @@ SHARED = ("text", "classification.py")
 
 
 def prune_other_tasks(project: Path) -> None:
-    """Removes the other tasks' packages and tests; the shared task code, tasks/_skeleton (what `make
-    new-task` copies) and the core modules beside the packages stay."""
+    """Removes the packages and tests of the tasks not kept (TASK and MORE); the shared task code,
+    tasks/_skeleton (what `make new-task` copies) and the core modules beside the packages stay."""
+    kept = (TASK, *MORE)
     for path in (project / "src" / PACKAGE / "tasks").iterdir():
-        keep = path.name in SHARED or not path.is_dir() or path.name == TASK or path.name.startswith("_")
+        keep = path.name in SHARED or not path.is_dir() or path.name in kept or path.name.startswith("_")
         if not keep:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     for test in (project / "tests").glob("test_task_*.py"):
-        if test.name != f"test_task_{TASK}.py":
+        if test.name not in {f"test_task_{name}.py" for name in kept}:
             test.unlink()
+
+
+def template_folder() -> Path:
+    """The template's folder being generated from. cookiecutter gives it relative to where it was
+    started, and runs this hook in the new project: a relative one is read against the starting
+    shell's folder ($PWD)."""
+    import os
+
+    folder = Path(ANSWERS["_repo_dir"]).expanduser()
+    if not folder.is_absolute():
+        folder = Path(os.environ.get("PWD", ".")) / folder
+    if not (folder / "cookiecutter.json").is_file():
+        raise SystemExit(
+            f"error: more_tasks needs the template's folder to generate the other tasks' configs, and {folder} "
+            "is not it; run cookiecutter with the template's absolute path or its URL"
+        )
+    return folder.resolve()
+
+
+def add_more_tasks_configs(project: Path) -> None:
+    """configs/<task>/ for each task of MORE: the template's configs generated for that task, with the
+    task's own data and run folders (as `make new-task FROM=` gives a copy), so that each task of the
+    project trains side by side with the others: `make data preprocess train CONFIG=configs/<task>/local.yaml`."""
+    if not MORE:
+        return
+    import importlib
+    import sys
+    import tempfile
+
+    from cookiecutter.main import cookiecutter
+
+    sys.path.insert(0, str(project / "src"))
+    new_task = importlib.import_module(f"{PACKAGE}.new_task")  # imports no TensorFlow
+    answers = {key: value for key, value in ANSWERS.items() if not key.startswith("_")}
+    for name in MORE:
+        with tempfile.TemporaryDirectory() as scratch:
+            generated = cookiecutter(
+                str(template_folder()),
+                no_input=True,
+                output_dir=scratch,
+                accept_hooks=False,
+                extra_context={**answers, "task": name, "more_tasks": ""},
+            )
+            folder = project / "configs" / name
+            folder.mkdir()
+            for path in sorted((Path(generated) / "configs").glob("*.yaml")):
+                (folder / path.name).write_text(new_task.with_own_paths(path.read_text(), name))
 
 
 def template_commit(repo_dir: str) -> str | None:
@@ -78,6 +128,7 @@ def record_template(project: Path) -> None:
 def main():
     project = Path.cwd()
     prune_other_tasks(project)
+    add_more_tasks_configs(project)
     record_template(project)
     for script in (project / "scripts").glob("*.sh"):
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

@@ -18,6 +18,7 @@ ANSWERS = {
     "gcs_bucket": {{ cookiecutter.gcs_bucket | tojson }},
     "tpu_type": {{ cookiecutter.tpu_type | tojson }},
     "task": {{ cookiecutter.task | tojson }},
+    "more_tasks": {{ cookiecutter.more_tasks | tojson }},
 }
 
 TASKS = ("image_classification", "text_classification", "language_model")
@@ -89,6 +90,13 @@ def check_tpu_type(value):
 def check_task(value):
     if value not in TASKS:
         return f"one of: {', '.join(TASKS)}"
+
+
+def check_more_tasks(value):
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    others = [task for task in TASKS if task != ANSWERS["task"]]
+    if any(name not in others for name in names) or len(set(names)) != len(names):
+        return f"empty, or shipped tasks other than task={ANSWERS['task']}, comma-separated: {', '.join(others)}"
 
 
 def main():

@@ -98,6 +98,28 @@ def test_bake_every_option(tmp_path, tpu_type, task):
                        cwd=project, env={"PYTHONPATH": str(project / "src")}, check=True, capture_output=True)
 
 
+@pytest.mark.parametrize("task, more", [("text_classification", "language_model"),
+                                        ("language_model", "image_classification, text_classification")])
+def test_a_project_can_hold_more_shipped_tasks(tmp_path, task, more):
+    """more_tasks keeps other shipped tasks beside the project's own: their packages and tests, and
+    configs/<task>/ holding the configs a project of that task ships, with the task's own data and
+    run folders; every one of them loads with the baked code."""
+    names = [name.strip() for name in more.split(",")]
+    project = bake(tmp_path / "both", project="vision-lab", task=task, more_tasks=more)
+    configs = {f"configs/{name}/{config}.yaml" for name in names for config in ("base", "local", "local-real", "tpu", "pod")}
+    want = EXPECTED_FILES | TASK_FILES[task] | configs | {file for name in names for file in TASK_FILES[name]}
+    assert files_of(project) == {f.format(package="vision_lab") for f in want}
+    for name in names:
+        alone = bake(tmp_path / name, project="vision-lab", task=name)
+        for config in ("base", "local", "local-real", "tpu", "pod"):
+            ours = (project / "configs" / name / f"{config}.yaml").read_text()
+            assert ours.replace(f"/{name}/", "/").replace(f"{name}/", "") == (alone / "configs" / f"{config}.yaml").read_text()
+            subprocess.run([str(VENV / "bin/python"), "-m", "vision_lab.config", "--config", f"configs/{name}/{config}.yaml"],
+                           cwd=project, env={"PYTHONPATH": str(project / "src")}, check=True, capture_output=True)
+        base = (project / "configs" / name / "base.yaml").read_text()
+        assert f"task: {name} " in base and f"raw: data/{name}/raw " in base and f"output_dir: runs/{name}/local" in base
+
+
 # The targets every generated project promises (the template README and the generated README list them).
 CONTRACT_TARGETS = {
     "setup", "test", "data", "preprocess", "train", "eval", "predict", "tensorboard", "new-task", "doctor", "parity", "profile",

@@ -24,6 +24,9 @@ GCP_PROJECT_RULE = ("a Google Cloud project id: 6-30 characters, lowercase lette
                     "starting with a letter and not ending with a hyphen, e.g. 'my-ml-project'")
 ZONE_RULE = "a Google Cloud zone name such as 'us-central2-b' (region, then '-' and a zone letter)"
 TPU_TYPE_RULE = "an accelerator type such as v4-8, v4-32, v5litepod-8, v5p-8 or v6e-8"
+# The first task is cookiecutter.json's default; more_tasks may name the other two.
+MORE_TASKS_RULE = ("empty, or shipped tasks other than task=image_classification, comma-separated: "
+                   "text_classification, language_model")
 
 
 def refusal(name: str, value: str, rule: str) -> str:
@@ -68,6 +71,10 @@ def hook_errors(stderr: str) -> list[str]:
                                                "a Google Cloud project id may not contain 'google'")]),
     ({"description": "two\nlines"}, [refusal("description", "two\nlines", "one non-empty line")]),
     ({"description": "  "}, [refusal("description", "  ", "one non-empty line")]),
+    ({"more_tasks": "regression"}, [refusal("more_tasks", "regression", MORE_TASKS_RULE)]),
+    ({"more_tasks": "image_classification"}, [refusal("more_tasks", "image_classification", MORE_TASKS_RULE)]),
+    ({"more_tasks": "language_model, language_model"},
+     [refusal("more_tasks", "language_model, language_model", MORE_TASKS_RULE)]),
 ])
 def test_bad_answers_are_refused_before_writing(tmp_path, capfd, answer, errors):
     with pytest.raises(FailedHookException):
@@ -89,7 +96,7 @@ def replay(tmp_path, **answers) -> list:
     passes to the hooks without checking them against the choice lists; the hook must refuse them.
     Returns what was written to the output folder."""
     defaults = {"project": "tpu-trainer", "package": "tpu_trainer", "description": "A trainer",
-                "tpu_type": TPU_TYPES[0], "task": TASKS[0]}
+                "tpu_type": TPU_TYPES[0], "task": TASKS[0], "more_tasks": ""}
     replay_file = tmp_path / "answers.json"
     replay_file.write_text(json.dumps({"cookiecutter": {**defaults, **GOOD, **answers}, "_cookiecutter": OPTIONS}))
     output = tmp_path / "out"

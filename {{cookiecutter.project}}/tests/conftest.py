@@ -151,10 +151,26 @@ def task_sample(task_name: str, tmp_path_factory) -> tuple[Path, Path]:
     return _SAMPLES[task_name]
 
 
-@pytest.fixture(scope="session")
-def raw_dir(tmp_path_factory) -> Path:
-    """The project's task's small sample raw data (a few hundred examples, with broken inputs)."""
-    return task_sample(tasks.DEFAULT, tmp_path_factory)[0]
+def module_task(request) -> str:
+    """The task a test module is about: tests/test_task_<name>.py tests <name> (a project may hold
+    more than one task); every other module tests the project's own."""
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    name = module.removeprefix("test_task_")
+    return name if module.startswith("test_task_") and name in tasks.available() else tasks.DEFAULT
+
+
+def task_of_data(data_dir) -> str:
+    """The task whose sample `data_dir` holds (`task_sample`'s), else the project's own."""
+    for name, (_, output) in _SAMPLES.items():
+        if Path(output) == Path(data_dir):
+            return name
+    return tasks.DEFAULT
+
+
+@pytest.fixture(scope="module")
+def raw_dir(request, tmp_path_factory) -> Path:
+    """The module's task's small sample raw data (a few hundred examples, with broken inputs)."""
+    return task_sample(module_task(request), tmp_path_factory)[0]
 
 
 def run_preprocess(raw: Path | str, output: Path | str, *extra: str) -> dict:
@@ -170,10 +186,10 @@ def run_preprocess(raw: Path | str, output: Path | str, *extra: str) -> dict:
         return json.load(handle)
 
 
-@pytest.fixture(scope="session")
-def data_dir(raw_dir, tmp_path_factory) -> Path:
-    """TFRecords of `raw_dir`, 4 shards per split, with DATA_OVERRIDES (fast to train on)."""
-    return task_sample(tasks.DEFAULT, tmp_path_factory)[1]
+@pytest.fixture(scope="module")
+def data_dir(request, raw_dir, tmp_path_factory) -> Path:
+    """TFRecords of `raw_dir`, 4 shards per split, with the task's test overrides (fast to train on)."""
+    return task_sample(module_task(request), tmp_path_factory)[1]
 
 
 def task_config(task_name: str, data_dir: Path, output_dir: Path, *overrides: str):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA_OVERRIDES, REPLICAS
+from conftest import DATA_OVERRIDES, REPLICAS, task_of_data
 
 from {{ cookiecutter.package }}.core import baselines, config, support, topology
 from {{ cookiecutter.package }} import doctor, tasks
@@ -34,15 +34,20 @@ def check(
     on_tpu_vm: bool = False,
     output_dir: str | None = None,
 ) -> dict:
-    """The doctor's results for a config, by rule name."""
-    base = [f"data.dir={data_dir}", *DATA_OVERRIDES, f"runtime.cpu_devices={REPLICAS}"]  # the TPU path's 8
+    """The doctor's results for a config of the task whose sample `data_dir` holds (the project's
+    own, or another task's config folder), by rule name."""
+    name = task_of_data(data_dir)
+    task = tasks.load(name)
+    folder = CONFIGS if name == tasks.DEFAULT else CONFIGS / name
+    data_overrides = [item for item in task.testing().overrides if item.startswith("data.")]
+    base = [f"data.dir={data_dir}", *data_overrides, f"runtime.cpu_devices={REPLICAS}"]  # the TPU path's 8
     if output_dir or tmp_path:
         base.append(f"runtime.output_dir={output_dir or tmp_path / 'run'}")
-    cfg = config.load(str(CONFIGS / config_file), [*base, *overrides], registry=tasks)
+    cfg = config.load(str(folder / config_file), [*base, *overrides], registry=tasks)
     if tpu_type and target == "auto":
         target = "tpu"
     found = engine.resolve_target(cfg, target=target, tpu_type=tpu_type, on_tpu_vm=on_tpu_vm)
-    results = engine.run_rules(engine.Context(cfg, tasks.load(tasks.DEFAULT), found, on_tpu_vm=on_tpu_vm))
+    results = engine.run_rules(engine.Context(cfg, task, found, on_tpu_vm=on_tpu_vm))
     return {result.rule: result for result in results}
 
 

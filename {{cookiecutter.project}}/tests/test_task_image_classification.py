@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import run_preprocess
+import conftest
 from test_doctor import check
 from test_preprocess import assert_exact
 from {{ cookiecutter.package }} import tasks
@@ -20,6 +20,11 @@ from {{ cookiecutter.package }}.doctor import engine
 from {{ cookiecutter.package }}.core.errors import UserError
 from {{ cookiecutter.package }}.tasks.image_classification import features
 from {{ cookiecutter.package }}.tasks.image_classification.task import TASK, pixels_8x8
+
+
+def run_preprocess(raw, output, *extra: str) -> dict:
+    """The real Beam pipeline with this task's own config (a project may hold other tasks too)."""
+    return conftest.run_preprocess(raw, output, "--config", str(conftest.config_file(TASK.name)), *extra)
 
 
 def image_bytes(fmt: str, seed: int, size: int = 64) -> bytes:
@@ -176,7 +181,9 @@ def test_jpeg_shards_round_trip_with_static_shapes(tmp_path):
         "quality": features.JPEG_QUALITY,
     }
     data_config = config.load(
-        None, ["data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"], registry=tasks
+        None,
+        ["task=image_classification", "data.image_size=16", "data.image_encoding=jpeg", "data.augment=true"],
+        registry=tasks,
     ).data
     manifest = input_pipeline.read_manifest(str(output), TASK, data_config)  # the code accepts its own JPEG spec
 
@@ -239,7 +246,9 @@ def test_training_crops_and_flips_evaluation_does_not(encoding):
     )
     manifest = {"image_size": 16, "image_encoding": encoding, "num_classes": 8}
     data_config = config.load(
-        None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"], registry=tasks
+        None,
+        ["task=image_classification", "data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"],
+        registry=tasks,
     ).data
     TASK.check_manifest(manifest, data_config, "data")
 
@@ -250,7 +259,9 @@ def test_training_crops_and_flips_evaluation_does_not(encoding):
     # Training without data.augment takes the evaluation view.
     TASK.check_manifest(
         manifest,
-        config.load(None, ["data.image_size=16", f"data.image_encoding={encoding}"], registry=tasks).data,
+        config.load(
+            None, ["task=image_classification", "data.image_size=16", f"data.image_encoding={encoding}"], registry=tasks
+        ).data,
         "data",
     )
     np.testing.assert_array_equal(TASK.parse_batch(records, manifest, training=True)[0].numpy(), evaluation[0])
@@ -275,7 +286,9 @@ def test_training_crops_and_flips_are_a_function_of_the_batch_key(encoding):
     )
     manifest = {"image_size": 16, "image_encoding": encoding, "num_classes": 8}
     data_config = config.load(
-        None, ["data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"], registry=tasks
+        None,
+        ["task=image_classification", "data.image_size=16", f"data.image_encoding={encoding}", "data.augment=true"],
+        registry=tasks,
     ).data
     TASK.check_manifest(manifest, data_config, "data")
     tf.random.set_seed(0)
@@ -305,7 +318,11 @@ def test_a_resumed_train_input_crops_and_flips_as_the_uninterrupted_one(tmp_path
                 writer.write(features.encode(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), label % 4))
     manifest = {"image_size": 16, "image_encoding": "raw", "num_classes": 4}
     TASK.check_manifest(
-        manifest, config.load(None, ["data.image_size=16", "data.augment=true"], registry=tasks).data, "data"
+        manifest,
+        config.load(
+            None, ["task=image_classification", "data.image_size=16", "data.augment=true"], registry=tasks
+        ).data,
+        "data",
     )
 
     def batches(start: int, count: int) -> list:
@@ -343,7 +360,9 @@ def test_predict_sees_what_evaluation_sees(tmp_path, encoding):
 
 def test_the_shards_encoding_must_match_the_config(tmp_path):
     manifest = {"image_size": 16, "image_encoding": "raw"}
-    data_config = config.load(None, ["data.image_size=16", "data.image_encoding=jpeg"], registry=tasks).data
+    data_config = config.load(
+        None, ["task=image_classification", "data.image_size=16", "data.image_encoding=jpeg"], registry=tasks
+    ).data
     with pytest.raises(
         UserError,
         match="data.image_encoding=jpeg but the shards in d store raw images; "
@@ -461,7 +480,7 @@ def test_csv_index_on_gcs(gcs_bucket, tmp_path):
 def test_mxu_rules_skip_cpu_targets(data_dir, tmp_path):
     results = check(data_dir, "model.widths=[100,128]", tmp_path=tmp_path)
     assert results["model.feature_dims"].status == engine.SKIP
-    assert "configs/tpu.yaml" in results["model.feature_dims"].message
+    assert f"CONFIG={config.shipped_config(TASK.name, 'tpu', registry=tasks)}`" in results["model.feature_dims"].message
 
 
 def test_feature_dims_name_the_padded_layers_but_not_the_logits(data_dir, tmp_path):
@@ -533,18 +552,21 @@ def test_auto_stem_stride_follows_the_image_size():
     from {{ cookiecutter.package }}.tasks.image_classification import stem
 
     assert [stem.stride_for(size) for size in (16, 32, 48, 64, 96, 128, 224, 512)] == [1, 1, 1, 2, 2, 4, 4, 4]
-    auto = config.load(None, ["data.image_size=128"], registry=tasks)
+    auto = config.load(None, ["task=image_classification", "data.image_size=128"], registry=tasks)
     assert auto.model.stem_stride == "auto" and stem.stem_stride(auto.model, 128) == 4
-    explicit = config.load(None, ["data.image_size=128", "model.stem_stride=2"], registry=tasks)
+    explicit = config.load(
+        None, ["task=image_classification", "data.image_size=128", "model.stem_stride=2"], registry=tasks
+    )
     assert stem.stem_stride(explicit.model, 128) == 2
     assert stem.describe(auto.model, 128) == "stem stride 4 (auto for 128 px images): first stage at 32x32 px"
     with pytest.raises(config.ConfigError, match="model.stem_stride must be an integer or 'auto'"):
-        config.load(None, ["model.stem_stride=big"], registry=tasks)
+        config.load(None, ["task=image_classification", "model.stem_stride=big"], registry=tasks)
 
 
 def test_the_built_model_uses_the_auto_stride(capsys):
     model = TASK.build_model(
-        config.load(None, ["model.widths=[8,16]"], registry=tasks).model, {"image_size": 64, "num_classes": 3}
+        config.load(None, ["task=image_classification", "model.widths=[8,16]"], registry=tasks).model,
+        {"image_size": 64, "num_classes": 3},
     )
     assert model.get_layer("stem_conv").strides == (2, 2)
     assert model.get_layer("stage0_block0_out").output.shape[1:3] == (32, 32)
@@ -593,14 +615,20 @@ def test_a_large_first_stage_warns_and_names_the_stride(data_dir, tmp_path):
     target = Target("cpu", 8, 1)
     full = config.load(
         None,
-        ["data.image_size=128", "model.stem_stride=1", "model.widths=[16,32]", "runtime.mixed_precision=float32"],
+        [
+            "task=image_classification",
+            "data.image_size=128",
+            "model.stem_stride=1",
+            "model.widths=[16,32]",
+            "runtime.mixed_precision=float32",
+        ],
         registry=tasks,
     )
     status, message, fix = stem.first_stage_activations(full, target, None)
     assert status == "warn" and "first stage at 128x128 px" in message
     assert "16 MiB per activation tensor per replica (batch 16, 16 channels)" in message  # 16*128*128*16*4 B
     assert fix == "set model.stem_stride=auto (stride 4 here)"
-    auto = config.load(None, ["data.image_size=128"], registry=tasks)
+    auto = config.load(None, ["task=image_classification", "data.image_size=128"], registry=tasks)
     assert stem.first_stage_activations(auto, target, None)[0] == "pass"
     # The rule runs in `make doctor`, on the shards' image size (16 px here).
     assert check(data_dir, tmp_path=tmp_path)["model.first_stage_activations"].status == engine.PASS

@@ -533,9 +533,9 @@ def test_sampling_keeps_to_the_top_k_and_follows_its_seed(tiny_model):
 def test_a_window_needs_two_tokens(lm):
     """The shared text keys' rules, with the language model's own shortest window."""
     with pytest.raises(config.ConfigError) as raised:
-        config.load(None, ["data.seq_len=1"], registry=tasks)
+        config.load(None, ["task=language_model", "data.seq_len=1"], registry=tasks)
     assert str(raised.value) == "data.seq_len must be at least 2, got 1"
-    assert config.load(None, ["data.seq_len=2"], registry=tasks).data.seq_len == 2
+    assert config.load(None, ["task=language_model", "data.seq_len=2"], registry=tasks).data.seq_len == 2
 
 
 def test_a_prompt_longer_than_the_window_keeps_its_end():

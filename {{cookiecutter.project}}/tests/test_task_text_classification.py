@@ -457,7 +457,9 @@ def test_predict_sees_what_evaluation_sees(raw_dir, data_dir, tmp_path):
     from {{ cookiecutter.package }}.core import preprocessing
 
     manifest = json.loads((data_dir / "manifest.json").read_text())
-    eval_fraction = config.load(None, list(TASK.testing().overrides), registry=tasks).data.eval_fraction
+    eval_fraction = config.load(
+        None, [f"task={TASK.name}", *TASK.testing().overrides], registry=tasks
+    ).data.eval_fraction
     examples, _ = read_all(raw_dir)
     texts = [example.payload for example in examples if preprocessing.split_of(example.source, eval_fraction) == "eval"]
     files, counts = input_pipeline.split_files(str(data_dir), manifest, "eval")
