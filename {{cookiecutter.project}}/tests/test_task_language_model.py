@@ -766,6 +766,7 @@ def test_a_shared_tokenizer_encodes_with_the_sources_ids(sample, tmp_path):
     run.mkdir(parents=True)
     (run / tokenizer.MODEL_FILE).write_bytes(model_bytes)
     assert tokenizer.shared(str(tmp_path / "run"), end_of_document=True) == model_bytes
+    assert tokenizer.shared(str(tmp_path / "run" / "export"), end_of_document=True) == model_bytes
 
     plain = tmp_path / "plain.model"
     plain.write_bytes(tokenizer.fit(["a plain text of a few words"] * 50, 24, 100, end_of_document=False))
@@ -775,5 +776,6 @@ def test_a_shared_tokenizer_encodes_with_the_sources_ids(sample, tmp_path):
     (tmp_path / "broken.model").write_bytes(b"not a model")
     with pytest.raises(UserError, match="broken.model is not a SentencePiece model"):
         tokenizer.shared(str(tmp_path / "broken.model"))
-    with pytest.raises(UserError, match=f"data.tokenizer={tmp_path / 'run'}/export holds no tokenizer.model"):
-        tokenizer.shared(str(tmp_path / "run" / "export"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=f"data.tokenizer={tmp_path / 'empty'} holds no tokenizer.model"):
+        tokenizer.shared(str(tmp_path / "empty"))

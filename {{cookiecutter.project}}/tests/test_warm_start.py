@@ -57,8 +57,24 @@ def test_a_run_directory_a_checkpoints_folder_and_a_checkpoint_name_the_same_wei
     assert warm_start.checkpoint_of(str(output / "checkpoints" / "best")) == best != newest
     older = sorted(tf.train.get_checkpoint_state(str(output / "checkpoints")).all_model_checkpoint_paths)[0]
     assert warm_start.checkpoint_of(older) == older != newest
+    assert warm_start.checkpoint_of(str(output / "export")) == f"{output / 'export'}/variables/variables"
     with pytest.raises(UserError, match=f"train.init_from={tmp_path} holds no checkpoint; give a run directory"):
         warm_start.checkpoint_of(str(tmp_path))
+
+
+def test_an_export_gives_the_weights_of_the_runs_last_checkpoint(finished_run):
+    """A run's export (a SavedModel) as the source: the same weights, by the same paths, as the
+    checkpoint the run ended with, and none of the optimizer's."""
+    cfg, output = finished_run
+    exported, saved = warm_start.Source.read(str(output / "export")), warm_start.Source.read(str(output))
+    assert exported.keys.keys() == saved.keys.keys() and exported.shapes == saved.shapes and exported.step == 48
+    assert not any(key.startswith(("optimizer/", "keras_api/")) for key in exported.keys.values())
+    model = model_of(cfg)
+    warm_start.load(model, str(output / "export"), [])
+    want = source_values(saved.checkpoint)
+    for variable in model.weights:
+        path = warm_start.weight_path(variable)
+        np.testing.assert_array_equal(variable.numpy(), want[path], err_msg=path)
 
 
 def test_the_loaded_weights_are_the_sources_and_the_skipped_ones_stay_as_initialised(finished_run, tmp_path):
@@ -236,6 +252,10 @@ def test_a_source_with_another_tokenizer_is_refused_in_one_line(tmp_path):
         assert "\n" not in message and "aaaaaaaaaaaa" in message and "bbbbbbbbbbbb" in message
         assert f"preprocess with data.tokenizer={run} to share it" in message
         assert warm_start.check_vocabulary(source, {}) == ""
+    export = warm_start.Source(str(run / "export" / "variables" / "variables"), {}, {}, 6)
+    assert warm_start.check_vocabulary(export, {"tokenizer": {"sha256": "a" * 64}}).startswith("the same tokenizer")
+    with pytest.raises(UserError, match=f"preprocess with data.tokenizer={run / 'export'} to share it"):
+        warm_start.check_vocabulary(export, {"tokenizer": {"sha256": "b" * 64}})
     unexported = warm_start.Source(str(tmp_path / "other" / "checkpoints" / "ckpt-6"), {}, {}, 6)
     assert "not checked (it has no export)" in warm_start.check_vocabulary(unexported, {"tokenizer": {"sha256": "b"}})
     assert warm_start.run_of(str(tmp_path / "loose" / "ckpt-1")) is None

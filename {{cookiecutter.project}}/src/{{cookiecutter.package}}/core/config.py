@@ -119,7 +119,7 @@ class TrainConfig:
     """Decoupled weight decay applied by the optimizer."""
     init_from: str = ""
     """Another run whose model weights a new run starts from: its run directory (the newest
-    checkpoint), its checkpoints/best folder, or a checkpoint path. Weights are matched by layer and
+    checkpoint), its checkpoints/best folder, a checkpoint path, or its export. Weights are matched by layer and
     weight name (core/warm_start.py); read at the run's first start only: a resume restores the run's
     own checkpoint. Empty: random initialisation."""
     init_skip: list[str] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """Starting a new run from another run's weights (`train.init_from`), and training part of a model
 (`train.freeze`).
 
-A run's first start reads the weights of another run's checkpoint into its model before step 0;
+A run's first start reads the weights of another run's checkpoint (or export) into its model before step 0;
 every later start resumes its own checkpoint and never reads the other run again. Weights are
 matched by their path in the model (`block0_mlp_in/kernel`: the layer names a task gives its layers),
 so a model of another task whose layers share names and shapes loads them: a fine-tuned model's
@@ -48,18 +48,25 @@ def matches(path: str, patterns) -> str | None:
 # ----------------------------------------------------------------------------------- the source
 
 
+EXPORTED = "/variables/variables"
+"""Where a SavedModel keeps its weights: a checkpoint whose root is the model itself."""
+
+
 def checkpoint_of(init_from: str) -> str:
     """The checkpoint `train.init_from` names: a checkpoint path (`.../ckpt-600`), a folder of
-    checkpoints (`runs/x/checkpoints/best`: its newest) or a run directory (its newest checkpoint)."""
+    checkpoints (`runs/x/checkpoints/best`: its newest), a run directory (its newest checkpoint) or a
+    run's export (the SavedModel's weights)."""
     if tf.io.gfile.exists(f"{init_from}.index"):
         return init_from
+    if tf.io.gfile.exists(run_path(init_from, "saved_model.pb")):
+        return f"{init_from.rstrip('/')}{EXPORTED}"
     for folder in (init_from, run_path(init_from, "checkpoints")):
         found = tf.train.latest_checkpoint(folder) if tf.io.gfile.isdir(folder) else None
         if found:
             return found
     raise UserError(
         f"train.init_from={init_from} holds no checkpoint; give a run directory, its checkpoints/best "
-        "folder or a checkpoint path such as runs/pretrain/checkpoints/ckpt-600"
+        "folder, a checkpoint path such as runs/pretrain/checkpoints/ckpt-600, or a run's export"
     )
 
 
@@ -83,11 +90,19 @@ class Source:
         graph = trackable_object_graph_pb2.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor(GRAPH))
         stored = reader.get_variable_to_shape_map()
+        # A run's checkpoint holds the model under `model/`; an export's root is the model, saved with
+        # its optimizer (`optimizer/`) and its metrics' state (`keras_api/`), which are not weights.
+        exported = checkpoint.endswith(EXPORTED)
         keys = {
             attribute.full_name: attribute.checkpoint_key
             for node in graph.nodes
             for attribute in node.attributes
-            if attribute.checkpoint_key.startswith("model/") and attribute.checkpoint_key in stored
+            if attribute.checkpoint_key in stored
+            and (
+                not attribute.checkpoint_key.startswith(("optimizer/", "keras_api/"))
+                if exported
+                else attribute.checkpoint_key.startswith("model/")
+            )
         }
         if not keys:
             raise UserError(
@@ -178,11 +193,20 @@ def run_of(checkpoint: str) -> str | None:
     return folder.rsplit("/checkpoints", 1)[0][1:] or "." if "/checkpoints" in folder else None
 
 
+def export_of(checkpoint: str) -> str | None:
+    """The export a source's weights belong to: the SavedModel they are in, else the export of the
+    run directory of a checkpoint; None for a checkpoint outside a run directory."""
+    if checkpoint.endswith(EXPORTED):
+        return checkpoint[: -len(EXPORTED)]
+    run = run_of(checkpoint)
+    return run_path(run, "export") if run else None
+
+
 def source_manifest(checkpoint: str) -> dict | None:
     """The data manifest of the run that wrote `checkpoint`, as its export keeps it; None when the
     run has no export (it never finished) or the checkpoint is not in a run directory."""
-    run = run_of(checkpoint)
-    path = run_path(run, "export", "assets.extra", "manifest.json") if run else None
+    export = export_of(checkpoint)
+    path = run_path(export, "assets.extra", "manifest.json") if export else None
     if not path or not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as handle:
@@ -202,7 +226,7 @@ def check_vocabulary(source: Source, manifest: dict) -> str:
         raise UserError(
             f"train.init_from: the source run's tokenizer (sha256 {str(theirs.get('sha256'))[:12]}) is not this "
             f"data's ({str(ours.get('sha256'))[:12]}), so the same ids mean other pieces; preprocess with "
-            f"data.tokenizer={run_of(source.checkpoint)} to share it"
+            f"data.tokenizer={run_of(source.checkpoint) or export_of(source.checkpoint)} to share it"
         )
     return f"the same tokenizer as the source run (sha256 {str(ours['sha256'])[:12]})"
 

@@ -23,8 +23,8 @@ class TextDataConfig(config_lib.DataConfig):
     """At most this many train texts are used to train the tokenizer."""
     tokenizer: str = ""
     """A SentencePiece model to encode with instead of training one (then `vocab_size` and
-    `tokenizer_sample` are not used): its file, the folder of shards it is in, or a run directory
-    whose export holds it. A fine-tune shares its pretraining's, so that its ids mean the pieces the
+    `tokenizer_sample` are not used): its file, the folder of shards it is in, or a run directory or
+    its export. A fine-tune shares its pretraining's, so that its ids mean the pieces the
     loaded embeddings were trained on (`train.init_from` checks this). Empty: train one."""
 
     min_seq_len: ClassVar[int] = 1  # the shortest `seq_len` the task can use

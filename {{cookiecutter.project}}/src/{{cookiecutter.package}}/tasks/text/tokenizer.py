@@ -92,13 +92,18 @@ def fit(train_texts: Sequence[str], vocab_size: int, max_texts: int, end_of_docu
 def shared(location: str, end_of_document: bool = False) -> bytes:
     """The bytes of the SentencePiece model `data.tokenizer` names, to encode with instead of training
     one: a `.model` file, a folder of shards that holds one (`tokenizer.model` beside the manifest),
-    or a run directory (the one its export holds). So text encoded for a fine-tune gets the ids the
+    a run directory or its export (the one the export holds). So text encoded for a fine-tune gets the ids the
     pretraining's weights were trained on. One that was not made here (other special ids), or without
     an end-of-document id where `end_of_document` needs one, is a one-line UserError."""
     from apache_beam.io.filesystems import FileSystems
 
     base = location.rstrip("/")
-    candidates = [location, f"{base}/{MODEL_FILE}", f"{base}/export/assets.extra/{MODEL_FILE}"]
+    candidates = [
+        location,
+        f"{base}/{MODEL_FILE}",
+        f"{base}/export/assets.extra/{MODEL_FILE}",
+        f"{base}/assets.extra/{MODEL_FILE}",
+    ]
     found = next((path for path in candidates if not path.endswith("/") and _is_file(FileSystems, path)), None)
     if found is None:
         raise UserError(
