@@ -42,6 +42,8 @@ def prune_other_tasks(project: Path) -> None:
     for test in (project / "tests").glob("test_task_*.py"):
         if test.name not in {f"test_task_{name}.py" for name in kept}:
             test.unlink()
+    if not {"language_model", "text_classification"} <= set(kept):  # the pretrain-then-fine-tune test needs both
+        (project / "tests" / "test_fine_tune_from_the_language_model.py").unlink()
 
 
 def template_folder() -> Path:

@@ -99,7 +99,8 @@ def test_bake_every_option(tmp_path, tpu_type, task):
 
 
 @pytest.mark.parametrize("task, more", [("text_classification", "language_model"),
-                                        ("language_model", "image_classification, text_classification")])
+                                        ("language_model", "image_classification, text_classification"),
+                                        ("image_classification", "language_model")])
 def test_a_project_can_hold_more_shipped_tasks(tmp_path, task, more):
     """more_tasks keeps other shipped tasks beside the project's own: their packages and tests, and
     configs/<task>/ holding the configs a project of that task ships, with the task's own data and
@@ -108,6 +109,8 @@ def test_a_project_can_hold_more_shipped_tasks(tmp_path, task, more):
     project = bake(tmp_path / "both", project="vision-lab", task=task, more_tasks=more)
     configs = {f"configs/{name}/{config}.yaml" for name in names for config in ("base", "local", "local-real", "tpu", "pod")}
     want = EXPECTED_FILES | TASK_FILES[task] | configs | {file for name in names for file in TASK_FILES[name]}
+    if {"language_model", "text_classification"} <= {task, *names}:  # both text tasks: pretrain, then fine-tune
+        want |= {"tests/test_fine_tune_from_the_language_model.py"}
     assert files_of(project) == {f.format(package="vision_lab") for f in want}
     for name in names:
         alone = bake(tmp_path / name, project="vision-lab", task=name)

@@ -548,3 +548,15 @@ def test_a_task_copied_from_the_language_model_trains_beside_it_and_its_tests_pa
         "test_packing_loses_and_duplicates_no_token",
         "test_the_export_scores_as_the_trained_model",
     } <= passed, f"the task's tests that passed: {sorted(passed)}"
+
+
+def test_a_text_classifier_fine_tunes_from_the_language_model_in_one_project(tmp_path):
+    """more_tasks=language_model in a text-classification bake: the project then holds the
+    pretrain-then-fine-tune test (the classifier preprocessed with the language model's tokenizer
+    loads all of its run but the head; with its own tokenizer it is refused in one line), which passes."""
+    project = bake(tmp_path, project="text-lab", task="text_classification", more_tasks="language_model")
+    tests = subprocess.run([str(VENV / "bin/python"), "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                            "tests/test_fine_tune_from_the_language_model.py"],
+                           cwd=project, env=project_env(), capture_output=True, text=True, timeout=1200)
+    assert tests.returncode == 0, tests.stdout[-6000:] + tests.stderr[-3000:]
+    assert len(re.findall(r"::test_\w+ PASSED", tests.stdout)) == 2, tests.stdout[-3000:]

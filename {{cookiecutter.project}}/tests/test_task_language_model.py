@@ -581,26 +581,51 @@ def test_the_traced_training_flops_match_the_analytical_count():
     assert traced == pytest.approx(analytical, rel=0.1)
 
 
+@pytest.mark.parametrize("freeze", ["", "block0_mlp_out", "token_embedding"])
 @pytest.mark.parametrize("which", ["local", "tpu"])
-def test_the_trainers_flops_per_step_are_the_decoders_multiplies_counted_by_hand(lm, which):
+def test_the_trainers_flops_per_step_are_the_decoders_multiplies_counted_by_hand(lm, which, freeze):
     """What the log's TFLOP/s and MFU divide (utilisation.flops_per_step, which the trainer calls) is
     exactly the decoder's matrix multiplies counted by hand, for each shipped config with 2 steps of
     accumulation: per token, 6 x the weights that multiply it (per block the Q, K, V and output
     projections 4 W^2 and the MLP 2 W M; the tied logits W x rows) plus attention's QK^T and AV,
     12 x layers x window x width (the 6N + attention count of Kaplan et al. 2020); times the tokens
-    of an update, the global batch x 2 windows."""
-    from {{ cookiecutter.package }}.core import topology, utilisation
+    of an update, the global batch x 2 windows. A frozen layer (`train.freeze`) gets no weight
+    gradient, so 2 of its 6 drop out: 2 x in x out per token (the token embedding's are the tied
+    logits' W x rows); its input gradient stays, as the layers below it still train."""
+    from {{ cookiecutter.package }}.core import memory, topology, utilisation
     from {{ cookiecutter.package }}.core.model import build_model as build_task_model
 
-    cfg = config.load(str(config_file(NAME, which)), ["train.gradient_accumulation_steps=2"], registry=tasks)
+    frozen = [f"train.freeze=[{freeze}]"] if freeze else []
+    cfg = config.load(str(config_file(NAME, which)), ["train.gradient_accumulation_steps=2", *frozen], registry=tasks)
     model = build_task_model(cfg, TASK, TASK.nominal_manifest(cfg.data))
     width, depth, mlp, seq_len = cfg.model.width, cfg.model.depth, cfg.model.mlp_width, cfg.data.seq_len
     rows = -(-cfg.data.vocab_size // 128) * 128  # the embedding table: the vocabulary rounded up to 128 rows
     multiplying = depth * (4 * width * width + 2 * width * mlp) + width * rows
-    per_token = 6 * multiplying + 12 * depth * seq_len * width
+    without = {"": 0, "block0_mlp_out": mlp * width, "token_embedding": width * rows}[freeze]
+    per_token = 6 * multiplying - 2 * without + 12 * depth * seq_len * width
     by_hand = per_token * seq_len * cfg.train.global_batch_size * 2
     counted = utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8"))
     assert counted == pytest.approx(by_hand, rel=1e-9)
+    # The doctor's count (the traced training step's, core/memory.py) is the same.
+    traced = memory.trace(model, 2).training_flops_per_example * cfg.effective_batch_size
+    assert traced == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_a_frozen_layers_weight_gradient_leaves_the_count_under_the_strategy_too(lm, strategy):
+    """Built under the 8 replicas' MirroredStrategy, as training builds it (its weights mirrored
+    variables, each replica's with a handle of its own): freezing the first block's MLP output
+    takes 2 x its weights per token out of the count, as on one device."""
+    from {{ cookiecutter.package }}.core import topology, utilisation
+    from {{ cookiecutter.package }}.core.model import build_model as build_task_model
+
+    counts = []
+    for frozen in ([], ["train.freeze=[block0_mlp_out]"]):
+        cfg = config.load(str(config_file(NAME)), frozen, registry=tasks)
+        with strategy.scope():
+            model = build_task_model(cfg, TASK, TASK.nominal_manifest(cfg.data))
+        counts.append(utilisation.flops_per_step(model, cfg, topology.topology("v5litepod-8")))
+    tokens = cfg.data.seq_len * cfg.train.global_batch_size
+    assert counts[0] - counts[1] == 2 * cfg.model.mlp_width * cfg.model.width * tokens
 
 
 def independent_activation_count(cfg, per_replica_batch: int) -> int:
@@ -779,3 +804,23 @@ def test_a_shared_tokenizer_encodes_with_the_sources_ids(sample, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=f"data.tokenizer={tmp_path / 'empty'} holds no tokenizer.model"):
         tokenizer.shared(str(tmp_path / "empty"))
+
+
+def test_a_shared_tokenizer_is_read_from_gcs(sample, gcs_bucket):
+    """data.tokenizer=gs://...: a run directory in a bucket (its export's copy), the file itself, and
+    a folder without one refused in one line, through Beam's filesystem with no request outside the
+    emulator."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from {{ cookiecutter.package }}.core.errors import UserError
+
+    _, data = sample
+    model_bytes = (data / tokenizer.MODEL_FILE).read_bytes()
+    exported = gcs_bucket.path("runs", "pretrain", "export", "assets.extra", tokenizer.MODEL_FILE)
+    with FileSystems.create(exported) as handle:
+        handle.write(model_bytes)
+    assert tokenizer.shared(gcs_bucket.path("runs", "pretrain"), end_of_document=True) == model_bytes
+    assert tokenizer.shared(exported, end_of_document=True) == model_bytes
+    with pytest.raises(UserError, match=r"data.tokenizer=gs://\S+/elsewhere holds no tokenizer.model"):
+        tokenizer.shared(gcs_bucket.path("elsewhere"))
+    assert gcs_bucket.blocked_requests() == []

@@ -82,12 +82,22 @@ class Flops:
 
     counted: int = 0
     unknown: tuple[str, ...] = ()
+    frozen: int = 0
+    """Of `counted`: the multiplies of a weight that does not train (`train.freeze`), whose weight
+    gradient the training step does not compute."""
 
     def __add__(self, other: Flops) -> Flops:
-        return Flops(self.counted + other.counted, tuple(dict.fromkeys(self.unknown + other.unknown)))
+        unknown = tuple(dict.fromkeys(self.unknown + other.unknown))
+        return Flops(self.counted + other.counted, unknown, self.frozen + other.frozen)
 
     def times(self, count: int) -> Flops:
-        return Flops(self.counted * count, self.unknown)
+        return Flops(self.counted * count, self.unknown, self.frozen * count)
+
+    @property
+    def training(self) -> int:
+        """A training step's: each multiply forward, for its input's gradient and for its weight's
+        (3 x), less the weight gradients of the frozen weights' multiplies."""
+        return 3 * self.counted - self.frozen
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,8 @@ class Trace:
     """Casts of the weights the backward pass reads (the compute-precision copies)."""
     forward_flops: int
     """Matrix-multiply FLOPs of one forward pass of the batch, loop bodies times their lengths."""
+    frozen_flops: int = 0
+    """Of `forward_flops`: the multiplies of frozen weights (`Flops.frozen`)."""
     unknown_flops: tuple[str, ...] = ()
     """What `forward_flops` could not count (`Flops.unknown`)."""
     loop_bytes: int = 0
@@ -112,7 +124,7 @@ class Trace:
 
     @property
     def training_flops_per_example(self) -> float:
-        return 3 * self.forward_flops / self.batch
+        return Flops(self.forward_flops, frozen=self.frozen_flops).training / self.batch
 
 
 def _input_signature(model, batch: int):
@@ -219,12 +231,42 @@ def _multiply_flops(op) -> int | None:
     return 2 * out.num_elements() * int(depth)
 
 
-def _reach(graph, operations, results) -> tuple[set[int], Flops]:
+def _reach(graph, operations, results, model=None) -> tuple[set[int], Flops]:
     """(what the input reaches: the activations, not the weights or their casts, in the graph and
-    in the functions it runs; the FLOPs of the matrix multiplies among them). Only what computes
-    `results` counts: tf_keras' rnn computes one step before its loop for the shapes alone."""
+    in the functions it runs; the FLOPs of the matrix multiplies among them, those of `model`'s
+    frozen weights apart). Only what computes `results` counts: tf_keras' rnn computes one step
+    before its loop for the shapes alone."""
     reached = {id(tensor) for tensor in graph.inputs if tensor.dtype != tf.resource}
-    return reached, _graph_flops(_Frame(graph), reached, operations, live=_ancestors(results))
+    frame = _Frame(graph, frozen=_frozen_handles(graph, model))
+    return reached, _graph_flops(frame, reached, operations, live=_ancestors(results))
+
+
+def _frozen_handles(graph, model) -> frozenset:
+    """ids of `graph`'s handles (its captures) of `model`'s weights that do not train."""
+    if model is None:
+        return frozenset()
+    frozen = {id(handle) for variable in model.non_trainable_weights for handle in _handles(variable)}
+    return frozenset(id(inner) for outer, inner in graph.captures if id(outer) in frozen)
+
+
+def _handles(variable) -> list:
+    """A variable's resource handles: a distributed variable's, each replica's."""
+    values = getattr(variable, "values", None)
+    return [value.handle for value in values] if values else [variable.handle]
+
+
+def _reads_frozen(op, frame: _Frame) -> bool:
+    """Whether a multiply reads a weight that does not train (through casts, and through the
+    functions that pass it in)."""
+    if not frame.frozen:
+        return False
+    for tensor in op.inputs:
+        root, _ = _source(tensor, frame)
+        if root.op.type == "Cast" and root.op.inputs:
+            root, _ = _source(root.op.inputs[0], frame)
+        if root.op.type == "ReadVariableOp" and id(_source(root.op.inputs[0], frame)[0]) in frame.frozen:
+            return True
+    return False
 
 
 def count_forward(model, batch: int) -> Flops:
@@ -236,7 +278,7 @@ def count_forward(model, batch: int) -> Flops:
         .get_concrete_function(_input_signature(model, batch))
         .graph
     )
-    return _reach(graph, graph.get_operations(), graph.outputs)[1]
+    return _reach(graph, graph.get_operations(), graph.outputs, model)[1]
 
 
 def forward_flops(model, batch: int) -> int:
@@ -260,7 +302,7 @@ def trace(model, batch: int, objective=sum_of_outputs, targets=None) -> Trace:
     graph = tf.function(step).get_concrete_function(_input_signature(model, batch), targets).graph
     operations = graph.get_operations()
     forward, backward = operations[: marks["backward"]], operations[marks["backward"] :]
-    reached, flops = _reach(graph, forward, [*graph.outputs, marks["loss"]])
+    reached, flops = _reach(graph, forward, [*graph.outputs, marks["loss"]], model)
     kept: dict[int, int] = {}
     copies: dict[int, int] = {}
     loops: dict[int, int] = {}
@@ -303,6 +345,7 @@ def trace(model, batch: int, objective=sum_of_outputs, targets=None) -> Trace:
         recompute_bytes=max((sum(block.values()) for block in recomputed.values()), default=0),
         weight_copy_bytes=sum(copies.values()),
         forward_flops=flops.counted,
+        frozen_flops=flops.frozen,
         unknown_flops=flops.unknown,
         loop_bytes=sum(loops.values()),
         unplanned=tuple(dict.fromkeys(unplanned)),
@@ -384,6 +427,8 @@ class _Frame:
     graph: object
     where: str = ""
     bindings: dict = dataclasses.field(default_factory=dict)
+    frozen: frozenset = frozenset()
+    """ids of the traced step's handles of the weights that do not train."""
 
     def named(self, op) -> str:
         return self.where or op.name.rpartition("/")[0] or op.name
@@ -405,7 +450,8 @@ def _function(op, attr: str, index: int | None = None):
 def _inside(op, graph, frame: _Frame, inputs=None) -> _Frame:
     """The frame of `graph` as `op` (in `frame`) calls it with `inputs` (its own, by default)."""
     inputs = op.inputs if inputs is None else inputs
-    return _Frame(graph, frame.named(op), {id(inner): (outer, frame) for inner, outer in zip(graph.inputs, inputs)})
+    bindings = {id(inner): (outer, frame) for inner, outer in zip(graph.inputs, inputs)}
+    return _Frame(graph, frame.named(op), bindings, frame.frozen)
 
 
 def _invariant(body) -> set[int]:
@@ -416,7 +462,7 @@ def _invariant(body) -> set[int]:
 def _loop_frame(op, graph, frame: _Frame) -> _Frame:
     """A loop's body or condition, its unchanging variables bound to their values outside."""
     bound = {id(graph.inputs[index]): (op.inputs[index], frame) for index in _invariant(_function(op, "body"))}
-    return _Frame(graph, frame.named(op), bound)
+    return _Frame(graph, frame.named(op), bound, frame.frozen)
 
 
 def _source(tensor, frame: _Frame):
@@ -554,7 +600,7 @@ def _graph_flops(frame: _Frame, reached: set[int], operations=None, live: set[in
         if op.type in _MULTIPLIES:
             flops = _multiply_flops(op)
             unknown = () if flops is not None else (f"a multiply of unknown shape in {frame.named(op)}",)
-            total += Flops(flops or 0, unknown)
+            total += Flops(flops or 0, unknown, (flops or 0) if _reads_frozen(op, frame) else 0)
         elif op.type in _CALLS | _LOOPS | _BRANCHES:
             try:
                 if op.type in _CALLS:
@@ -602,7 +648,8 @@ def _branch_flops(op, frame: _Frame, reaches: list[bool], reached: set[int]) -> 
     inputs = op.inputs[1:]  # after the condition or the branch's index
     counts = [_function_flops(graph, _inside(op, graph, frame, inputs), reaches[1:], reached) for graph in graphs]
     unknown = sum((Flops(0, count.unknown) for count in counts), Flops())
-    return Flops(max(count.counted for count in counts)) + unknown
+    costliest = max(counts, key=lambda count: count.counted)
+    return Flops(costliest.counted, frozen=costliest.frozen) + unknown
 
 
 def _stacked(tensor, frame: _Frame, reached: set[int]) -> tuple[int, int, tuple[str, ...]]:

@@ -86,9 +86,11 @@ def _read(path: str) -> dict:
 
 def step_flops(model, cfg, target: Target) -> tuple[float, tuple[str, ...]]:
     """(model FLOPs of one optimizer step, what could not be counted). The FLOPs are what the log's
-    TFLOP/s and MFU divide: 3 x the matrix multiplies of the forward pass per example
-    (core/memory.py; a loop's body, such as an LSTM's step, times the loop's length), times the
-    examples of an update (the global batch times `train.gradient_accumulation_steps`).
+    TFLOP/s and MFU divide: 3 x the matrix multiplies of the forward pass per example (core/memory.py;
+    a loop's body, such as an LSTM's step, times the loop's length), less the weight gradients of
+    the frozen weights' multiplies (`train.freeze`), times the examples of an update (the global
+    batch times `train.gradient_accumulation_steps`). The input gradient of a frozen layer that no
+    trained layer lies below is counted although the step need not compute it.
 
     Counted from the model's inference call: the multiplies of a task's step loss (e.g. a dual
     encoder's in-batch similarity) and of its loss are not counted, nor is the forward pass that
@@ -97,7 +99,7 @@ def step_flops(model, cfg, target: Target) -> tuple[float, tuple[str, ...]]:
     length): with it the count is too low to show."""
     per_replica = target.per_replica_batch_size(cfg.train.global_batch_size)
     forward = memory.count_forward(model, per_replica)
-    return 3 * forward.counted / per_replica * cfg.effective_batch_size, forward.unknown
+    return forward.training / per_replica * cfg.effective_batch_size, forward.unknown
 
 
 def flops_per_step(model, cfg, target: Target) -> float:
