@@ -181,6 +181,50 @@ def test_a_branch_is_counted_by_its_costliest_side(costs):
     assert count.unknown == () and count.counted == max(costs) * multiply
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("frozen", ["", "recurrent", "head", "embedding", "recurrent,head"])
+def test_a_frozen_layers_multiplies_lose_their_weight_gradient_in_the_count(frozen, policy):
+    """`train.freeze` (warm_start.freeze): a frozen weight's multiplies count forward and for their
+    input's gradient but not for their weight's, 2 x of training's 3 x: the LSTM's inside its loop,
+    times its length; the head's once; an embedding (a lookup) has none. In bfloat16 the multiplies
+    read a cast of the weight."""
+    from {{ cookiecutter.package }}.core import warm_start
+
+    batch, length = 4, 12
+    with precision.policy(policy):
+        model = recurrent("LSTM", length)
+        warm_start.freeze(model, [name for name in frozen.split(",") if name])
+        steps, head = forward_by_hand("LSTM", length, batch) - UNITS * CLASSES * 2 * batch, UNITS * CLASSES * 2 * batch
+        want = {"": 0, "recurrent": steps, "head": head, "embedding": 0, "recurrent,head": steps + head}[frozen]
+        count = memory.count_forward(model, batch)
+        traced = memory.trace(model, batch)
+    assert count.counted == steps + head and count.frozen == want and count.training == 3 * (steps + head) - want
+    assert traced.frozen_flops == want and traced.training_flops_per_example == (3 * (steps + head) - want) / batch
+
+
+def test_a_frozen_layer_under_the_strategy_is_known_by_each_replicas_handle(strategy):
+    """Built under the 8 replicas' MirroredStrategy, as training builds it: a frozen weight is a
+    mirrored variable, which the traced call reads through one replica's handle."""
+    from {{ cookiecutter.package }}.core import warm_start
+
+    with strategy.scope():
+        model = recurrent("LSTM", 12)
+    warm_start.freeze(model, ["head"])
+    assert memory.count_forward(model, 4).frozen == UNITS * CLASSES * 2 * 4
+
+
+@pytest.mark.parametrize("costs", [(2, 1), (1, 3), (1, 3, 2)])
+def test_a_frozen_branch_counts_its_costliest_sides_multiplies_as_frozen(costs):
+    from {{ cookiecutter.package }}.core import warm_start
+
+    layer = Branching(costs, name="branching")
+    inputs = keras.Input((SIDE,), name="features")
+    model = keras.Model(inputs, layer(inputs), name="looped")
+    warm_start.freeze(model, ["branching"])
+    count, multiply = memory.count_forward(model, 4), 2 * 4 * SIDE * SIDE
+    assert count.counted == count.frozen == max(costs) * multiply and count.training == 2 * count.counted
+
+
 @pytest.mark.parametrize("policy, size", [("float32", 4), ("bfloat16", 2)])
 def test_the_plan_keeps_what_an_lstm_stacks_for_its_backward_pass(policy, size):
     """The hand count, from the LSTM's equations: the gradient of a step reads its input x_t and
